@@ -1,0 +1,632 @@
+//! Configuration: raw serde structs from TOML, then a validated [`Config`].
+//!
+//! Unknown keys are refused; every error names the key and the bad value. Environment
+//! overrides (`DELAY_BRIDGE_URL`, `DELAY_BRIDGE_PREFIX`) are applied before validation.
+//! Passwords never leave this module unredacted through `Display`/`Debug` of [`BrokerUrl`].
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::ladder::{Ladder, LadderError, format_duration, parse_duration};
+use crate::naming::Names;
+
+/// Environment variable that overrides `broker.url`.
+pub const ENV_URL: &str = "DELAY_BRIDGE_URL";
+/// Environment variable that overrides `topology.prefix`.
+pub const ENV_PREFIX: &str = "DELAY_BRIDGE_PREFIX";
+
+/// The default broker URL.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Why a configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path tried.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys or wrong types.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The path (or `<text>`).
+        path: String,
+        /// The TOML parser's message, which names the key and position.
+        message: String,
+    },
+    /// A key holds a value that is not acceptable.
+    #[error("`{key}` = {value:?}: {reason}")]
+    Invalid {
+        /// The dotted key, for example `delays.margin`.
+        key: String,
+        /// The value as given (passwords redacted).
+        value: String,
+        /// What is wrong and what would be right.
+        reason: String,
+    },
+    /// The ladder is invalid.
+    #[error("`delays.ladder`: {0}")]
+    Ladder(#[from] LadderError),
+}
+
+fn invalid(key: &str, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The file as written. Every section and key is optional; unknown keys are errors.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub broker: RawBroker,
+    #[serde(default)]
+    pub topology: RawTopology,
+    #[serde(default)]
+    pub delays: RawDelays,
+    #[serde(default)]
+    pub bridge: RawBridge,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RawRoute>,
+}
+
+/// `[broker]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBroker {
+    pub url: Option<String>,
+}
+
+/// `[topology]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTopology {
+    pub prefix: Option<String>,
+    pub queue_type: Option<String>,
+}
+
+/// `[delays]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDelays {
+    pub ladder: Option<String>,
+    pub margin: Option<String>,
+    pub max_delay: Option<String>,
+}
+
+/// `[bridge]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBridge {
+    pub prefetch: Option<u32>,
+    pub shutdown_timeout: Option<String>,
+}
+
+/// `[[route]]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub ingress: Option<String>,
+    pub target: Option<String>,
+}
+
+/// Where a route takes messages: publishers publish to `ingress`, the bridge delivers to
+/// `target` (the allow-list of exchanges the bridge publishes to on a publisher's behalf).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The fanout exchange publishers send delayed messages to (declared by the bridge).
+    pub ingress: String,
+    /// The exchange due messages are published to, with their original routing key.
+    pub target: String,
+}
+
+/// Classic or quorum level and work queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueType {
+    /// Classic queues (lazy on brokers before 3.12): one node.
+    Classic,
+    /// Quorum queues: replicated, for clusters.
+    Quorum,
+}
+
+impl fmt::Display for QueueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        })
+    }
+}
+
+/// An AMQP URL whose `Display` and `Debug` redact the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BrokerUrl(String);
+
+impl BrokerUrl {
+    /// Checks the scheme and wraps the URL.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let parsed = url::Url::parse(text)
+            .map_err(|e| invalid("broker.url", redact_url(text), format!("not a URL ({e})")))?;
+        if !matches!(parsed.scheme(), "amqp" | "amqps") {
+            return Err(invalid(
+                "broker.url",
+                redact_url(text),
+                "the scheme must be amqp:// or amqps://",
+            ));
+        }
+        Ok(Self(text.to_string()))
+    }
+
+    /// The full URL, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The user name in the URL (RabbitMQ's default, `guest`, when absent).
+    pub fn user(&self) -> String {
+        url::Url::parse(&self.0)
+            .ok()
+            .map(|u| u.username().to_string())
+            .filter(|u| !u.is_empty())
+            .map(|u| {
+                url::form_urlencoded::parse(format!("u={u}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or(u)
+            })
+            .unwrap_or_else(|| "guest".to_string())
+    }
+}
+
+impl fmt::Display for BrokerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl fmt::Debug for BrokerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BrokerUrl({})", redact_url(&self.0))
+    }
+}
+
+/// Replaces the password of a URL with `***` (also in text that does not parse).
+pub fn redact_url(text: &str) -> String {
+    if let Ok(mut parsed) = url::Url::parse(text) {
+        if parsed.password().is_some() && parsed.set_password(Some("***")).is_ok() {
+            return parsed.to_string();
+        }
+        return text.to_string();
+    }
+    // Unparseable: blank anything between "://user:" and "@".
+    match (text.find("://"), text.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &text[s + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}***{}", &text[..s + 3 + colon + 1], &text[at..]),
+                None => text.to_string(),
+            }
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The broker to connect to.
+    pub url: BrokerUrl,
+    /// The names of the bridge's exchanges and queues.
+    pub names: Names,
+    /// Classic or quorum queues.
+    pub queue_type: QueueType,
+    /// The delay levels.
+    pub ladder: Ladder,
+    /// How much before the due time the last hop lands; the rest is held in process.
+    pub margin: Duration,
+    /// The longest delay accepted.
+    pub max_delay: Duration,
+    /// How many unacknowledged deliveries the bridge holds at once.
+    pub prefetch: u16,
+    /// How long shutdown waits for in-flight publishes to be confirmed.
+    pub shutdown_timeout: Duration,
+    /// Ingress → target routes.
+    pub routes: Vec<Route>,
+}
+
+/// Defaults, as documented in `config/delay-bridge.toml`.
+pub mod defaults {
+    /// `topology.prefix`
+    pub const PREFIX: &str = "delay-bridge";
+    /// `topology.queue_type`
+    pub const QUEUE_TYPE: &str = "classic";
+    /// `delays.ladder`
+    pub const LADDER: &str = "default";
+    /// `delays.margin`
+    pub const MARGIN: &str = "250ms";
+    /// `delays.max_delay`
+    pub const MAX_DELAY: &str = "366d";
+    /// `bridge.prefetch`
+    pub const PREFETCH: u32 = 4000;
+    /// `bridge.shutdown_timeout`
+    pub const SHUTDOWN_TIMEOUT: &str = "10s";
+}
+
+impl Config {
+    /// Reads, applies environment overrides, and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string(), &env_overrides())
+    }
+
+    /// Parses and validates TOML text, with overrides given as (variable, value) pairs.
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        overrides: &[(&str, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        for (var, value) in overrides {
+            match *var {
+                ENV_URL => raw.broker.url = Some(value.clone()),
+                ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
+                _ => {}
+            }
+        }
+        raw.validate()
+    }
+}
+
+/// The overrides present in the process environment.
+pub fn env_overrides() -> Vec<(&'static str, String)> {
+    [ENV_URL, ENV_PREFIX]
+        .into_iter()
+        .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
+        .collect()
+}
+
+fn duration_key(key: &str, value: &Option<String>, default: &str) -> Result<Duration, ConfigError> {
+    let text = value.as_deref().unwrap_or(default);
+    parse_duration(text).map_err(|e| {
+        invalid(
+            key,
+            text,
+            format!("not a duration ({e}); write for example 250ms, 10s, 366d"),
+        )
+    })
+}
+
+fn exchange_name(key: &str, value: &Option<String>) -> Result<String, ConfigError> {
+    let name = value.as_deref().ok_or_else(|| {
+        invalid(
+            key,
+            "",
+            "missing; every [[route]] needs `ingress` and `target`",
+        )
+    })?;
+    if name.is_empty() || name.len() > 255 || name.starts_with("amq.") && key.ends_with("ingress") {
+        return Err(invalid(
+            key,
+            name,
+            "an exchange name of 1 to 255 bytes (an ingress cannot be an amq.* exchange)",
+        ));
+    }
+    Ok(name.to_string())
+}
+
+impl RawConfig {
+    /// Checks every key and builds the validated config.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let url = BrokerUrl::parse(self.broker.url.as_deref().unwrap_or(DEFAULT_URL))?;
+        let prefix = self
+            .topology
+            .prefix
+            .unwrap_or_else(|| defaults::PREFIX.to_string());
+        if prefix.is_empty()
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
+            return Err(invalid(
+                "topology.prefix",
+                &prefix,
+                "use letters, digits and - _ . : only, at least one character",
+            ));
+        }
+        let queue_type = match self
+            .topology
+            .queue_type
+            .as_deref()
+            .unwrap_or(defaults::QUEUE_TYPE)
+        {
+            "classic" => QueueType::Classic,
+            "quorum" => QueueType::Quorum,
+            other => {
+                return Err(invalid(
+                    "topology.queue_type",
+                    other,
+                    "must be `classic` or `quorum`",
+                ));
+            }
+        };
+        let ladder = Ladder::parse(self.delays.ladder.as_deref().unwrap_or(defaults::LADDER))?;
+        let margin = duration_key("delays.margin", &self.delays.margin, defaults::MARGIN)?;
+        if margin >= Duration::from_secs(60) || margin.subsec_nanos() % 1_000_000 != 0 {
+            return Err(invalid(
+                "delays.margin",
+                format_duration(margin),
+                "must be whole milliseconds below 1 minute (holds last up to the smallest level plus the margin)",
+            ));
+        }
+        let max_delay = duration_key(
+            "delays.max_delay",
+            &self.delays.max_delay,
+            defaults::MAX_DELAY,
+        )?;
+        if max_delay < ladder.smallest() {
+            return Err(invalid(
+                "delays.max_delay",
+                format_duration(max_delay),
+                format!(
+                    "must be at least the smallest level ({})",
+                    format_duration(ladder.smallest())
+                ),
+            ));
+        }
+        let prefetch = self.bridge.prefetch.unwrap_or(defaults::PREFETCH);
+        let prefetch = u16::try_from(prefetch)
+            .ok()
+            .filter(|p| *p >= 1)
+            .ok_or_else(|| invalid("bridge.prefetch", prefetch, "must be between 1 and 65535"))?;
+        let shutdown_timeout = duration_key(
+            "bridge.shutdown_timeout",
+            &self.bridge.shutdown_timeout,
+            defaults::SHUTDOWN_TIMEOUT,
+        )?;
+        let names = Names::new(prefix);
+        if names.longest_name_len(ladder.levels()) > 255 {
+            return Err(invalid(
+                "topology.prefix",
+                names.prefix(),
+                "too long: queue names built from it exceed 255 bytes",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(invalid(
+                "route",
+                "[]",
+                "at least one [[route]] with `ingress` and `target` is needed",
+            ));
+        }
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, raw) in self.routes.iter().enumerate() {
+            let ingress = exchange_name(&format!("route[{i}].ingress"), &raw.ingress)?;
+            let target = exchange_name(&format!("route[{i}].target"), &raw.target)?;
+            if ingress == target {
+                return Err(invalid(
+                    &format!("route[{i}].target"),
+                    &target,
+                    "the target cannot be the route's own ingress exchange",
+                ));
+            }
+            let own = [names.work_exchange(), names.parked_exchange()];
+            if own.contains(&ingress) || own.contains(&target) {
+                return Err(invalid(
+                    &format!("route[{i}]"),
+                    format!("{ingress} -> {target}"),
+                    "a route cannot use the bridge's own work or parked exchange",
+                ));
+            }
+            if routes.iter().any(|r: &Route| r.ingress == ingress) {
+                return Err(invalid(
+                    &format!("route[{i}].ingress"),
+                    &ingress,
+                    "two routes share this ingress exchange",
+                ));
+            }
+            routes.push(Route { ingress, target });
+        }
+        Ok(Config {
+            url,
+            names,
+            queue_type,
+            ladder,
+            margin,
+            max_delay,
+            prefetch,
+            shutdown_timeout,
+            routes,
+        })
+    }
+}
+
+impl fmt::Display for Config {
+    /// The effective configuration as TOML, password redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "[broker]")?;
+        writeln!(f, "url = {:?}", self.url.to_string())?;
+        writeln!(f, "\n[topology]")?;
+        writeln!(f, "prefix = {:?}", self.names.prefix())?;
+        writeln!(f, "queue_type = \"{}\"", self.queue_type)?;
+        writeln!(f, "\n[delays]")?;
+        writeln!(f, "ladder = \"{}\"", self.ladder)?;
+        writeln!(f, "margin = \"{}\"", format_duration(self.margin))?;
+        writeln!(f, "max_delay = \"{}\"", format_duration(self.max_delay))?;
+        writeln!(f, "\n[bridge]")?;
+        writeln!(f, "prefetch = {}", self.prefetch)?;
+        writeln!(
+            f,
+            "shutdown_timeout = \"{}\"",
+            format_duration(self.shutdown_timeout)
+        )?;
+        for route in &self.routes {
+            writeln!(f, "\n[[route]]")?;
+            writeln!(f, "ingress = {:?}", route.ingress)?;
+            writeln!(f, "target = {:?}", route.target)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[[route]]\ningress = \"orders.delayed\"\ntarget = \"orders\"\n";
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, "<test>", &[])
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.url.expose(), DEFAULT_URL);
+        assert_eq!(c.names.prefix(), "delay-bridge");
+        assert_eq!(c.queue_type, QueueType::Classic);
+        assert_eq!(c.ladder, Ladder::default_ladder());
+        assert_eq!(c.margin, Duration::from_millis(250));
+        assert_eq!(c.max_delay, Duration::from_secs(366 * 86_400));
+        assert_eq!(c.prefetch, 4000);
+        assert_eq!(
+            c.routes,
+            vec![Route {
+                ingress: "orders.delayed".into(),
+                target: "orders".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn the_shipped_file_parses_and_documents_every_key() {
+        let text = include_str!("../config/delay-bridge.toml");
+        let c = parse(text).unwrap();
+        assert!(!c.routes.is_empty());
+        // Every key the raw structs know appears in the documented file (uncommented).
+        for key in [
+            "[broker]",
+            "url =",
+            "[topology]",
+            "prefix =",
+            "queue_type =",
+            "[delays]",
+            "ladder =",
+            "margin =",
+            "max_delay =",
+            "[bridge]",
+            "prefetch =",
+            "shutdown_timeout =",
+            "[[route]]",
+            "ingress =",
+            "target =",
+        ] {
+            assert!(
+                text.lines().any(|l| l.trim_start().starts_with(key)),
+                "config/delay-bridge.toml does not document `{key}`"
+            );
+        }
+    }
+
+    #[test]
+    fn environment_overrides_win() {
+        let c = Config::from_toml(
+            MINIMAL,
+            "<test>",
+            &[
+                (ENV_URL, "amqp://u:secret@h:5673/v".to_string()),
+                (ENV_PREFIX, "other".to_string()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.url.expose(), "amqp://u:secret@h:5673/v");
+        assert_eq!(c.names.prefix(), "other");
+        assert_eq!(c.url.user(), "u");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = parse(&format!("{MINIMAL}[bridge]\nprefetsh = 10\n")).unwrap_err();
+        assert!(err.to_string().contains("prefetsh"), "{err}");
+        let err = parse(&format!("colour = 1\n{MINIMAL}")).unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_key_and_value() {
+        let cases = [
+            ("[delays]\nmargin = \"soon\"\n", "delays.margin", "soon"),
+            ("[delays]\nmax_delay = \"1ms\"\n", "delays.max_delay", "1ms"),
+            (
+                "[topology]\nqueue_type = \"lazy\"\n",
+                "topology.queue_type",
+                "lazy",
+            ),
+            (
+                "[topology]\nprefix = \"has space\"\n",
+                "topology.prefix",
+                "has space",
+            ),
+            ("[bridge]\nprefetch = 0\n", "bridge.prefetch", "0"),
+            ("[bridge]\nprefetch = 70000\n", "bridge.prefetch", "70000"),
+            ("[broker]\nurl = \"http://x\"\n", "broker.url", "http://x"),
+            ("[delays]\nladder = \"1s 1s\"\n", "delays.ladder", "1s"),
+        ];
+        for (extra, key, value) in cases {
+            let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains(value),
+                "{extra:?} gave {err}"
+            );
+        }
+        let err = parse("[[route]]\ningress = \"a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("route[0].target"), "{err}");
+        let err = parse("").unwrap_err().to_string();
+        assert!(err.contains("[[route]]"), "{err}");
+    }
+
+    #[test]
+    fn passwords_are_redacted_when_printed() {
+        let c = Config::from_toml(
+            MINIMAL,
+            "<test>",
+            &[(
+                ENV_URL,
+                "amqps://admin:hunter2@rabbit:5671/prod".to_string(),
+            )],
+        )
+        .unwrap();
+        for shown in [c.to_string(), format!("{c:?}"), c.url.to_string()] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("admin:***@rabbit"), "{shown}");
+        }
+        let err = parse(&format!("[broker]\nurl = \"ftp://a:hunter2@b\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert_eq!(redact_url("amqp://a:b c@host"), "amqp://a:***@host");
+    }
+}

@@ -1,0 +1,577 @@
+use super::*;
+use lapin::types::{DecimalValue, FieldArray};
+
+const NOW: u64 = 1_800_000_000_000;
+const WORK: &str = "t.work";
+
+fn routes() -> Vec<Route> {
+    vec![Route {
+        ingress: "in".into(),
+        target: "out".into(),
+    }]
+}
+
+fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(k.into(), v);
+    }
+    t
+}
+
+fn ls(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}
+
+fn decode_with(exchange: &str, props: &BasicProperties) -> Result<Envelope, Parked> {
+    let routes = routes();
+    let intake = Intake {
+        work_exchange: WORK,
+        routes: &routes,
+        max_delay: Duration::from_secs(366 * 86_400),
+    };
+    decode(
+        Incoming {
+            exchange,
+            routing_key: "rk.1",
+            properties: props,
+        },
+        NOW,
+        &intake,
+    )
+}
+
+fn with_headers(entries: Vec<(&str, AMQPValue)>) -> BasicProperties {
+    BasicProperties::default().with_headers(table(entries))
+}
+
+/// What happens to a new message with these headers.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Due this many ms after now.
+    DueIn(u64),
+    Park(ParkReason),
+}
+
+fn outcome(headers: Vec<(&str, AMQPValue)>) -> Outcome {
+    match decode_with("in", &with_headers(headers)) {
+        Ok(e) => Outcome::DueIn(e.deliver_at - NOW),
+        Err(p) => Outcome::Park(p.reason),
+    }
+}
+
+#[test]
+fn odd_and_bad_inputs_have_exact_outcomes() {
+    use Outcome::*;
+    use ParkReason::*;
+    let year_ms: u64 = 366 * 86_400_000;
+    let cases: Vec<(&str, Vec<(&str, AMQPValue)>, Outcome)> = vec![
+        ("no header", vec![], DueIn(0)),
+        ("zero", vec![("x-delay", AMQPValue::LongInt(0))], DueIn(0)),
+        (
+            "negative",
+            vec![("x-delay", AMQPValue::LongInt(-500))],
+            DueIn(0),
+        ),
+        (
+            "i8",
+            vec![("x-delay", AMQPValue::ShortShortInt(100))],
+            DueIn(100),
+        ),
+        (
+            "u8",
+            vec![("x-delay", AMQPValue::ShortShortUInt(200))],
+            DueIn(200),
+        ),
+        (
+            "i16",
+            vec![("x-delay", AMQPValue::ShortInt(300))],
+            DueIn(300),
+        ),
+        (
+            "u16",
+            vec![("x-delay", AMQPValue::ShortUInt(400))],
+            DueIn(400),
+        ),
+        (
+            "u32",
+            vec![("x-delay", AMQPValue::LongUInt(500))],
+            DueIn(500),
+        ),
+        (
+            "i64",
+            vec![("x-delay", AMQPValue::LongLongInt(600))],
+            DueIn(600),
+        ),
+        ("digits", vec![("x-delay", ls("1500"))], DueIn(1500)),
+        ("plus digits", vec![("x-delay", ls("+1500"))], DueIn(1500)),
+        ("negative string", vec![("x-delay", ls("-1500"))], DueIn(0)),
+        (
+            "float truncates",
+            vec![("x-delay", AMQPValue::Double(1500.9))],
+            DueIn(1500),
+        ),
+        (
+            "f32 truncates",
+            vec![("x-delay", AMQPValue::Float(2.7))],
+            DueIn(2),
+        ),
+        (
+            "decimal truncates",
+            vec![(
+                "x-delay",
+                AMQPValue::DecimalValue(DecimalValue {
+                    scale: 1,
+                    value: 12345,
+                }),
+            )],
+            DueIn(1234),
+        ),
+        (
+            "NaN",
+            vec![("x-delay", AMQPValue::Double(f64::NAN))],
+            Park(BadDelay),
+        ),
+        (
+            "infinite",
+            vec![("x-delay", AMQPValue::Double(f64::INFINITY))],
+            Park(BadDelay),
+        ),
+        (
+            "non-numeric string",
+            vec![("x-delay", ls("soon"))],
+            Park(BadDelay),
+        ),
+        ("empty string", vec![("x-delay", ls(""))], Park(BadDelay)),
+        (
+            "spaces in string",
+            vec![("x-delay", ls(" 100"))],
+            Park(BadDelay),
+        ),
+        (
+            "unit in string",
+            vec![("x-delay", ls("5s"))],
+            Park(BadDelay),
+        ),
+        (
+            "boolean",
+            vec![("x-delay", AMQPValue::Boolean(true))],
+            Park(BadDelay),
+        ),
+        (
+            "table",
+            vec![("x-delay", AMQPValue::FieldTable(FieldTable::default()))],
+            Park(BadDelay),
+        ),
+        (
+            "array",
+            vec![(
+                "x-delay",
+                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongInt(5)])),
+            )],
+            Park(BadDelay),
+        ),
+        ("void", vec![("x-delay", AMQPValue::Void)], Park(BadDelay)),
+        (
+            "exactly the maximum",
+            vec![("x-delay", AMQPValue::LongLongInt(year_ms as i64))],
+            DueIn(year_ms),
+        ),
+        (
+            "huge",
+            vec![("x-delay", AMQPValue::LongLongInt(year_ms as i64 + 1))],
+            Park(DelayTooLong),
+        ),
+        (
+            "huge string",
+            vec![("x-delay", ls(&"9".repeat(40)))],
+            Park(DelayTooLong),
+        ),
+        (
+            "both headers: deliver-at wins",
+            vec![
+                ("x-delay", AMQPValue::LongInt(100)),
+                ("x-deliver-at", AMQPValue::LongLongInt((NOW + 5_000) as i64)),
+            ],
+            DueIn(5_000),
+        ),
+        (
+            "deliver-at wins over a bad x-delay",
+            vec![
+                ("x-delay", ls("soon")),
+                ("x-deliver-at", AMQPValue::LongLongInt((NOW + 7) as i64)),
+            ],
+            DueIn(7),
+        ),
+        (
+            "deliver-at in the past",
+            vec![(
+                "x-deliver-at",
+                AMQPValue::LongLongInt((NOW - 60_000) as i64),
+            )],
+            DueIn(0),
+        ),
+        (
+            "deliver-at beyond the maximum",
+            vec![(
+                "x-deliver-at",
+                AMQPValue::LongLongInt((NOW + year_ms + 1) as i64),
+            )],
+            Park(DelayTooLong),
+        ),
+        (
+            "deliver-at as digits",
+            vec![("x-deliver-at", ls(&(NOW + 250).to_string()))],
+            DueIn(250),
+        ),
+        (
+            "deliver-at RFC 3339 with offset",
+            vec![("x-deliver-at", ls("2027-01-15T10:00:01.500+02:00"))],
+            DueIn(1_500),
+        ),
+        (
+            "deliver-at in seconds",
+            vec![("x-deliver-at", AMQPValue::LongLongInt((NOW / 1000) as i64))],
+            Park(BadDeliverAt),
+        ),
+        (
+            "deliver-at negative",
+            vec![("x-deliver-at", AMQPValue::LongInt(-1))],
+            Park(BadDeliverAt),
+        ),
+        (
+            "deliver-at garbage",
+            vec![("x-deliver-at", ls("tomorrow"))],
+            Park(BadDeliverAt),
+        ),
+        (
+            "deliver-at table",
+            vec![("x-deliver-at", AMQPValue::FieldTable(FieldTable::default()))],
+            Park(BadDeliverAt),
+        ),
+    ];
+    assert!(cases.len() >= 15);
+    for (name, headers, expected) in cases {
+        assert_eq!(outcome(headers), expected, "case: {name}");
+    }
+}
+
+#[test]
+fn rfc3339_is_read_with_its_offset() {
+    // 2027-01-15T08:00:00Z
+    let utc = chrono::DateTime::parse_from_rfc3339("2027-01-15T08:00:00Z")
+        .unwrap()
+        .timestamp_millis();
+    assert_eq!(
+        parse_deliver_at(&ls("2027-01-15T10:00:00+02:00")).unwrap(),
+        utc
+    );
+    assert_eq!(
+        parse_deliver_at(&ls("2027-01-15T08:00:00.250Z")).unwrap(),
+        utc + 250
+    );
+}
+
+#[test]
+fn parked_details_say_what_was_wrong() {
+    let err = decode_with("in", &with_headers(vec![("x-delay", ls("soon"))])).unwrap_err();
+    assert_eq!(err.reason.as_str(), "bad-delay");
+    assert!(err.detail.contains("\"soon\""), "{}", err.detail);
+    let err = decode_with("elsewhere", &BasicProperties::default()).unwrap_err();
+    assert_eq!(err.reason, ParkReason::UnknownRoute);
+    assert!(err.detail.contains("`elsewhere`"), "{}", err.detail);
+    let err = decode_with(
+        "in",
+        &with_headers(vec![("x-delay", AMQPValue::LongLongInt(i64::MAX))]),
+    )
+    .unwrap_err();
+    assert_eq!(err.reason, ParkReason::DelayTooLong);
+    assert!(err.detail.contains("366d"), "{}", err.detail);
+}
+
+/// A publisher message with every property set and headers of many AMQP types.
+fn rich_properties() -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_content_encoding("gzip".into())
+        .with_headers(table(vec![
+            ("x-delay", AMQPValue::LongInt(5_000)),
+            ("app-string", ls("hello")),
+            ("app-i8", AMQPValue::ShortShortInt(-3)),
+            ("app-u16", AMQPValue::ShortUInt(65_000)),
+            ("app-i32", AMQPValue::LongInt(-70_000)),
+            ("app-bool", AMQPValue::Boolean(true)),
+            ("app-double", AMQPValue::Double(2.5)),
+            ("app-ts", AMQPValue::Timestamp(1_700_000_000)),
+            (
+                "app-table",
+                AMQPValue::FieldTable(table(vec![("inner", AMQPValue::LongLongInt(7))])),
+            ),
+            (
+                "app-array",
+                AMQPValue::FieldArray(FieldArray::from(vec![ls("a"), AMQPValue::LongInt(1)])),
+            ),
+            ("app-bytes", AMQPValue::ByteArray(vec![0u8, 255].into())),
+            ("app-void", AMQPValue::Void),
+            ("x-death", AMQPValue::FieldArray(FieldArray::default())),
+            ("x-first-death-queue", ls("somewhere")),
+            ("x-last-death-reason", ls("expired")),
+            ("delay-bridge-target", ls("forged")),
+        ]))
+        .with_delivery_mode(1)
+        .with_priority(7)
+        .with_correlation_id("corr-1".into())
+        .with_reply_to("replies".into())
+        .with_expiration("60000".into())
+        .with_message_id("m-1".into())
+        .with_timestamp(1_700_000_000)
+        .with_type("order.created".into())
+        .with_user_id("alice".into())
+        .with_app_id("shop".into())
+        .with_cluster_id("c1".into())
+}
+
+/// Takes a hop's properties through a level the way the broker does: dead-lettering drops
+/// `expiration` (there is none on a hop) and adds `x-death` and `x-first-death-*`.
+fn through_level(hop: &BasicProperties) -> BasicProperties {
+    let mut p = Properties::from(hop);
+    let mut headers = p.headers.take().unwrap().inner().clone();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(table(vec![
+            ("count", AMQPValue::LongLongInt(1)),
+            ("reason", ls("expired")),
+        ]))])),
+    );
+    headers.insert("x-first-death-reason".into(), ls("expired"));
+    headers.insert("x-last-death-queue".into(), ls("t.level.1s"));
+    p.headers = Some(FieldTable::from(headers));
+    p.into()
+}
+
+fn header<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+    props.headers().as_ref().and_then(|h| h.inner().get(name))
+}
+
+#[test]
+fn a_message_survives_two_hops_and_is_delivered_as_published() {
+    let published = rich_properties();
+    let first = decode_with("in", &published).unwrap();
+    assert_eq!(first.deliver_at, NOW + 5_000);
+    assert_eq!(first.target, "out");
+    assert_eq!(first.routing_key, "rk.1");
+
+    let hop1 = hop_properties(&first);
+    // expiration stashed, user_id moved, persistent while travelling
+    assert_eq!(hop1.expiration(), &None);
+    assert_eq!(hop1.user_id(), &None);
+    assert_eq!(hop1.delivery_mode(), &Some(PERSISTENT));
+    assert_eq!(header(&hop1, header::STATE_EXPIRATION), Some(&ls("60000")));
+    assert_eq!(header(&hop1, header::STATE_USER_ID), Some(&ls("alice")));
+    assert_eq!(
+        header(&hop1, header::STATE_HOPS),
+        Some(&AMQPValue::LongLongInt(1))
+    );
+    assert_eq!(header(&hop1, header::STATE_TARGET), Some(&ls("out")));
+    assert_eq!(
+        header(&hop1, "x-death"),
+        None,
+        "x-death stripped before a hop"
+    );
+    assert_eq!(header(&hop1, "x-first-death-queue"), None);
+    assert_eq!(header(&hop1, "x-last-death-reason"), None);
+
+    let back1 = through_level(&hop1);
+    let second = decode_with(WORK, &back1).unwrap();
+    assert_eq!(second.hops, 1);
+    assert_eq!(second.deliver_at, first.deliver_at);
+    assert_eq!(second.first_seen, NOW);
+    let hop2 = hop_properties(&second);
+    assert_eq!(
+        header(&hop2, header::STATE_HOPS),
+        Some(&AMQPValue::LongLongInt(2))
+    );
+    assert_eq!(
+        header(&hop2, "x-death"),
+        None,
+        "x-death stripped on every re-publish"
+    );
+    assert_eq!(header(&hop2, "x-last-death-queue"), None);
+
+    let third = decode_with(WORK, &through_level(&hop2)).unwrap();
+    let delivered = delivery_properties(&third, "bridge");
+
+    // Every property as published, except user_id (not the bridge's user) …
+    let mut expected = Properties::from(&published);
+    expected.user_id = None;
+    let got = Properties::from(&delivered);
+    assert_eq!(got.expiration, Some("60000".into()), "expiration restored");
+    assert_eq!(
+        got.delivery_mode,
+        Some(1),
+        "publisher's delivery mode restored"
+    );
+    let strip_headers = |mut p: Properties| {
+        p.headers = None;
+        p
+    };
+    assert_eq!(strip_headers(got.clone()), strip_headers(expected.clone()));
+
+    // … and every publisher header with its AMQP type, x-delay negated, no bridge headers.
+    let mut want = expected.headers.unwrap().inner().clone();
+    want.retain(|k, _| {
+        !k.as_str().starts_with("x-death")
+            && !k.as_str().starts_with("x-first-death-")
+            && !k.as_str().starts_with("x-last-death-")
+            && !k.as_str().starts_with("delay-bridge-")
+    });
+    want.insert("x-delay".into(), AMQPValue::LongInt(-5_000));
+    want.insert(header::ORIGINAL_USER_ID.into(), ls("alice"));
+    assert_eq!(got.headers.unwrap().inner(), &want);
+}
+
+#[test]
+fn user_id_is_restored_when_it_is_the_bridges_own() {
+    let props = BasicProperties::default().with_user_id("guest".into());
+    let env = decode_with("in", &props).unwrap();
+    let delivered = delivery_properties(&env, "guest");
+    assert_eq!(delivered.user_id(), &Some("guest".into()));
+    assert_eq!(delivered.headers(), &None, "no headers appear from nowhere");
+}
+
+#[test]
+fn a_message_without_properties_is_delivered_without_any() {
+    let env = decode_with("in", &BasicProperties::default()).unwrap();
+    let hop = hop_properties(&env);
+    assert_eq!(
+        header(&hop, header::STATE_DELIVERY_MODE),
+        Some(&AMQPValue::LongLongInt(0))
+    );
+    let back = decode_with(WORK, &through_level(&hop)).unwrap();
+    assert_eq!(
+        delivery_properties(&back, "guest"),
+        BasicProperties::default()
+    );
+}
+
+#[test]
+fn x_delay_is_negated_only_when_it_delayed() {
+    for (sent, delivered) in [
+        (AMQPValue::LongInt(1500), AMQPValue::LongInt(-1500)),
+        (ls("1500"), AMQPValue::LongInt(-1500)),
+        (AMQPValue::Double(99.9), AMQPValue::LongInt(-99)),
+        (
+            AMQPValue::LongLongInt(30 * 86_400_000),
+            AMQPValue::LongLongInt(-30 * 86_400_000),
+        ),
+        (AMQPValue::LongInt(0), AMQPValue::LongInt(0)),
+        (AMQPValue::LongInt(-5), AMQPValue::LongInt(-5)),
+    ] {
+        let env = decode_with("in", &with_headers(vec![("x-delay", sent.clone())])).unwrap();
+        let out = delivery_properties(&env, "guest");
+        assert_eq!(header(&out, "x-delay"), Some(&delivered), "sent {sent:?}");
+    }
+}
+
+#[test]
+fn bridge_strings_are_long_strings_and_integers_long_long() {
+    let env = decode_with(
+        "in",
+        &BasicProperties::default()
+            .with_expiration("100".into())
+            .with_user_id("bob".into()),
+    )
+    .unwrap();
+    let hop = hop_properties(&env);
+    for (k, v) in hop.headers().as_ref().unwrap() {
+        assert!(
+            matches!(v, AMQPValue::LongString(_) | AMQPValue::LongLongInt(_)),
+            "{k} is {v:?}"
+        );
+    }
+    let parked = parked_properties(&hop, &Parked::new(ParkReason::Unroutable, "no queue bound"));
+    for (k, v) in parked.headers().as_ref().unwrap() {
+        assert!(
+            !matches!(v, AMQPValue::ShortString(_)),
+            "{k} is a short string"
+        );
+    }
+}
+
+#[test]
+fn in_flight_state_is_checked() {
+    let env = decode_with("in", &BasicProperties::default()).unwrap();
+    let hop = hop_properties(&env);
+    // a target no route allows
+    let mut p = Properties::from(&hop);
+    let mut h = p.headers.take().unwrap().inner().clone();
+    h.insert(header::STATE_TARGET.into(), ls("admin-exchange"));
+    p.headers = Some(FieldTable::from(h.clone()));
+    let err = decode_with(WORK, &p.clone().into()).unwrap_err();
+    assert_eq!(err.reason, ParkReason::TargetNotAllowed);
+    // a missing deliver-at
+    h.remove(header::STATE_DELIVER_AT);
+    h.insert(header::STATE_TARGET.into(), ls("out"));
+    p.headers = Some(FieldTable::from(h.clone()));
+    let err = decode_with(WORK, &p.clone().into()).unwrap_err();
+    assert_eq!(err.reason, ParkReason::BadState);
+    assert!(err.detail.contains(header::STATE_DELIVER_AT));
+    // a routing key too long for AMQP
+    h.insert(
+        header::STATE_DELIVER_AT.into(),
+        AMQPValue::LongLongInt(NOW as i64),
+    );
+    h.insert(header::STATE_ROUTING_KEY.into(), ls(&"k".repeat(256)));
+    p.headers = Some(FieldTable::from(h));
+    let err = decode_with(WORK, &p.into()).unwrap_err();
+    assert_eq!(err.reason, ParkReason::BadState);
+    // no headers at all through the work exchange
+    let err = decode_with(WORK, &BasicProperties::default()).unwrap_err();
+    assert_eq!(err.reason, ParkReason::BadState);
+}
+
+#[test]
+fn forged_bridge_headers_on_new_messages_are_ignored() {
+    let env = decode_with(
+        "in",
+        &with_headers(vec![
+            ("delay-bridge-target", ls("admin-exchange")),
+            ("delay-bridge-deliver-at", AMQPValue::LongLongInt(1)),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(env.target, "out");
+    assert_eq!(env.deliver_at, NOW);
+    assert_eq!(env.properties.headers.unwrap().inner().len(), 0);
+}
+
+#[test]
+fn parked_messages_cannot_expire_and_say_why() {
+    let published = rich_properties();
+    let parked = parked_properties(
+        &published,
+        &Parked::new(ParkReason::BadDelay, "x-delay \"soon\" is not a number"),
+    );
+    assert_eq!(parked.expiration(), &None);
+    assert_eq!(parked.user_id(), &None);
+    assert_eq!(parked.delivery_mode(), &Some(PERSISTENT));
+    assert_eq!(header(&parked, header::REASON), Some(&ls("bad-delay")));
+    assert_eq!(
+        header(&parked, header::DETAIL),
+        Some(&ls("x-delay \"soon\" is not a number"))
+    );
+    assert_eq!(
+        header(&parked, header::STATE_EXPIRATION),
+        Some(&ls("60000"))
+    );
+    assert_eq!(header(&parked, "x-death"), None);
+    assert_eq!(header(&parked, "app-string"), Some(&ls("hello")));
+    assert_eq!(parked.message_id(), &Some("m-1".into()));
+    assert_eq!(parked.priority(), &Some(7));
+}
+
+#[test]
+fn properties_round_trip_through_plain_data() {
+    let p = rich_properties();
+    assert_eq!(BasicProperties::from(Properties::from(&p)), p);
+}
