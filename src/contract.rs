@@ -195,7 +195,7 @@ pub struct Incoming<'a> {
     /// message coming back from a level).
     pub exchange: &'a str,
     /// Its routing key.
-    pub routing_key: &'a str,
+    pub routing_key: &'a ShortString,
     /// Its properties, headers included.
     pub properties: &'a BasicProperties,
 }
@@ -230,7 +230,7 @@ pub struct Envelope {
     /// The target exchange.
     pub target: String,
     /// The publisher's routing key.
-    pub routing_key: String,
+    pub routing_key: ShortString,
     /// Hops made so far.
     pub hops: u32,
     /// When the bridge first saw the message, epoch ms.
@@ -272,7 +272,7 @@ pub fn decode(
     Ok(Envelope {
         deliver_at,
         target: route.target.clone(),
-        routing_key: incoming.routing_key.to_string(),
+        routing_key: incoming.routing_key.clone(),
         hops: 0,
         first_seen: now_ms,
         properties,
@@ -305,9 +305,8 @@ fn decode_in_flight(
     };
     let deliver_at = int(header::STATE_DELIVER_AT)?;
     let target = text(header::STATE_TARGET)?.ok_or_else(|| bad_state(header::STATE_TARGET))?;
-    let routing_key = short(header::STATE_ROUTING_KEY)?
-        .ok_or_else(|| bad_state(header::STATE_ROUTING_KEY))?
-        .to_string();
+    let routing_key =
+        short(header::STATE_ROUTING_KEY)?.ok_or_else(|| bad_state(header::STATE_ROUTING_KEY))?;
     if !intake.routes.iter().any(|r| r.target == target) {
         return Err(Parked::new(
             ParkReason::TargetNotAllowed,
@@ -556,7 +555,7 @@ pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
         (header::STATE_TARGET, Some(long_string(&envelope.target))),
         (
             header::STATE_ROUTING_KEY,
-            Some(long_string(&envelope.routing_key)),
+            Some(long_string(envelope.routing_key.as_str())),
         ),
         (
             header::STATE_HOPS,

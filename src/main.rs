@@ -1,1 +1,252 @@
-fn main() {}
+//! The `delay-bridge` command line: run the bridge, run a demo, plan a delay, check a config.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use delay_bridge::config::{Config, RawConfig, defaults};
+use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
+use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
+
+/// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
+///
+/// Publish a message with an `x-delay` header (milliseconds) or `x-deliver-at` (epoch ms or
+/// RFC 3339) to a route's ingress exchange; delay-bridge delivers it to the route's target
+/// exchange when it is due, with its routing key, body and properties unchanged.
+#[derive(Debug, Parser)]
+#[command(name = "delay-bridge", version, propagate_version = true)]
+struct Cli {
+    /// The configuration file (TOML). See config/delay-bridge.toml for every key.
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "DELAY_BRIDGE_CONFIG",
+        default_value = "config/delay-bridge.toml"
+    )]
+    config: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the bridge until SIGINT or SIGTERM.
+    Run,
+    /// Run a bridge in process against the broker, publish a few delayed messages with plain
+    /// AMQP and `x-delay`, print each arrival, clean up and exit.
+    Demo,
+    /// Print the hops and the final hold of one delay, for example `plan 5h` or `plan 1500ms`.
+    Plan {
+        /// The delay: 1500ms, 90s, 5h, 40d, ...
+        delay: String,
+        /// The ladder to plan with (a preset or a list such as "1s 1m 1h"); default: the
+        /// configured one.
+        #[arg(long)]
+        ladder: Option<String>,
+        /// The margin to plan with; default: the configured one.
+        #[arg(long)]
+        margin: Option<String>,
+    },
+    /// Compare ladders: mean and worst-case hops over delays spread evenly up to --max.
+    Ladders {
+        /// The longest delay to measure over.
+        #[arg(long, default_value = "30d")]
+        max: String,
+        /// The margin to plan with.
+        #[arg(long, default_value = defaults::MARGIN)]
+        margin: String,
+        /// Extra ladders to compare beside the presets (each a list like "1s 1m 1h").
+        #[arg(long = "ladder")]
+        extra: Vec<String>,
+    },
+    /// Validate the configuration (with environment overrides) and print the effective one.
+    CheckConfig,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match &cli.command {
+        Command::Run => {
+            let config = load(&cli)?;
+            runtime()?.block_on(run(config))
+        }
+        Command::Demo => {
+            let config = load(&cli)?;
+            runtime()?.block_on(delay_bridge::bridge::demo::run_demo(&config))
+        }
+        Command::Plan {
+            delay,
+            ladder,
+            margin,
+        } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
+        Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
+        Command::CheckConfig => {
+            let config = load(&cli)?;
+            println!("# {}: valid", cli.config.display());
+            print!("{config}");
+            Ok(())
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn load(cli: &Cli) -> Result<Config> {
+    Config::load(&cli.config)
+        .with_context(|| format!("invalid configuration {}", cli.config.display()))
+}
+
+async fn run(config: Config) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        on_signal.cancel();
+    });
+    delay_bridge::bridge::run(config, shutdown).await?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Ladder and margin for planning: flags win, then the config file if it exists, then
+/// the defaults.
+fn planning_settings(
+    cli: &Cli,
+    ladder: Option<&str>,
+    margin: Option<&str>,
+) -> Result<(Ladder, Duration)> {
+    let raw = if cli.config.exists() {
+        let text = std::fs::read_to_string(&cli.config)?;
+        toml::from_str::<RawConfig>(&text)
+            .with_context(|| format!("invalid configuration {}", cli.config.display()))?
+    } else {
+        RawConfig::default()
+    };
+    let ladder_text = ladder
+        .map(str::to_string)
+        .or(raw.delays.ladder)
+        .unwrap_or_else(|| defaults::LADDER.to_string());
+    let margin_text = margin
+        .map(str::to_string)
+        .or(raw.delays.margin)
+        .unwrap_or_else(|| defaults::MARGIN.to_string());
+    let ladder = Ladder::parse(&ladder_text).context("invalid ladder")?;
+    let margin = parse_duration(&margin_text)
+        .map_err(|e| anyhow::anyhow!("invalid margin {margin_text:?}: {e}"))?;
+    Ok((ladder, margin))
+}
+
+fn print_plan(cli: &Cli, delay: &str, ladder: Option<&str>, margin: Option<&str>) -> Result<()> {
+    let delay_d =
+        parse_duration(delay).map_err(|e| anyhow::anyhow!("invalid delay {delay:?}: {e}"))?;
+    let (ladder_v, margin_d) = planning_settings(cli, ladder, margin)?;
+    let name = ladder.unwrap_or("configured");
+    println!(
+        "plan for {} with the {name} ladder ({} levels, {} .. {}), margin {}:",
+        format_duration(delay_d),
+        ladder_v.levels().len(),
+        format_duration(ladder_v.smallest()),
+        format_duration(ladder_v.largest()),
+        format_duration(margin_d)
+    );
+    let steps = plan(delay_d, &ladder_v, margin_d);
+    let mut elapsed = Duration::ZERO;
+    let mut parts = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            Step::Hop(level) => {
+                elapsed += *level;
+                parts.push(format_duration(*level));
+                println!(
+                    "  {:>2}. hop into level {:<10} due in {}",
+                    i + 1,
+                    format_duration(*level),
+                    format_duration(delay_d - elapsed)
+                );
+            }
+            Step::Hold(rest) => {
+                elapsed += *rest;
+                parts.push(format!("hold {}", format_duration(*rest)));
+                println!(
+                    "  {:>2}. hold in the bridge {}",
+                    i + 1,
+                    format_duration(*rest)
+                );
+            }
+            Step::Deliver => println!("  {:>2}. deliver to the target", i + 1),
+        }
+    }
+    let joined = if parts.is_empty() {
+        "0ms".to_string()
+    } else {
+        parts.join(" + ")
+    };
+    println!(
+        "{} = {joined}  ({} hops)",
+        format_duration(delay_d),
+        hop_count(&steps)
+    );
+    Ok(())
+}
+
+fn print_ladders(max: &str, margin: &str, extra: &[String]) -> Result<()> {
+    let max_d = parse_duration(max).map_err(|e| anyhow::anyhow!("invalid --max {max:?}: {e}"))?;
+    let margin_d =
+        parse_duration(margin).map_err(|e| anyhow::anyhow!("invalid --margin {margin:?}: {e}"))?;
+    if max_d < Duration::from_secs(1) {
+        bail!("--max must be at least 1s");
+    }
+    let mut ladders: Vec<(String, Ladder)> = PRESETS
+        .iter()
+        .map(|p| (p.to_string(), Ladder::preset(p).expect("presets are valid")))
+        .collect();
+    for text in extra {
+        ladders.push((text.clone(), Ladder::parse(text)?));
+    }
+    println!(
+        "hops over 200000 delays spread evenly on [1s, {}], margin {}:",
+        format_duration(max_d),
+        format_duration(margin_d)
+    );
+    println!(
+        "{:<24} {:>7} {:>10} {:>12}",
+        "ladder", "levels", "mean hops", "worst hops"
+    );
+    for (name, ladder) in ladders {
+        let stats = hop_stats(&ladder, margin_d, Duration::from_secs(1), max_d, 200_000);
+        println!(
+            "{:<24} {:>7} {:>10.2} {:>12}",
+            name,
+            ladder.levels().len(),
+            stats.mean,
+            stats.worst
+        );
+    }
+    Ok(())
+}

@@ -1,1 +1,336 @@
-//! Topology.
+//! The bridge's exchanges, queues and bindings: first as data (pure, from the config), then
+//! declared (idempotently, work exchange and bound work queue first) or deleted.
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, Connection, ExchangeKind};
+use thiserror::Error;
+
+use crate::config::{Config, QueueType};
+
+/// RabbitMQ's default delivery limit for quorum queues on 4.x is 20; the work queue sets its
+/// own and dead-letters past it into the parked exchange.
+pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 50;
+
+/// A queue to declare.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSpec {
+    /// Its name.
+    pub name: String,
+    /// Its `x-` arguments.
+    pub arguments: Vec<(&'static str, AMQPValue)>,
+}
+
+/// What the bridge declares, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    /// Fanout exchanges the bridge owns (work, parked, ingress), in declaration order.
+    pub exchanges: Vec<String>,
+    /// Queues in declaration order: work, parked, then the levels.
+    pub queues: Vec<QueueSpec>,
+    /// (queue, exchange) bindings; fanout, so the routing key is empty.
+    pub bindings: Vec<(String, String)>,
+}
+
+/// Why declaring the topology failed.
+#[derive(Debug, Error)]
+pub enum TopologyError {
+    /// A queue or exchange exists with other arguments or type than the configuration asks.
+    #[error(
+        "{kind} `{name}` already exists with different settings: {broker}. \
+         Delete it or change the configuration (prefix, ladder, queue_type) to match"
+    )]
+    Mismatch {
+        /// "queue" or "exchange".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The broker's own words, which name the argument and both values.
+        broker: String,
+    },
+    /// Any other broker or connection error while declaring.
+    #[error("declaring {kind} `{name}` failed: {source}")]
+    Declare {
+        /// "queue", "exchange" or "binding".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The client error.
+        source: lapin::Error,
+    },
+}
+
+impl TopologyError {
+    /// True when retrying cannot help (the broker has conflicting definitions).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, TopologyError::Mismatch { .. })
+    }
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+impl Topology {
+    /// The declarations a config needs.
+    pub fn from_config(config: &Config) -> Self {
+        let names = &config.names;
+        let quorum = config.queue_type == QueueType::Quorum;
+        let mut exchanges = vec![names.work_exchange(), names.parked_exchange()];
+        exchanges.extend(config.routes.iter().map(|r| r.ingress.clone()));
+
+        let replicated = |args: &mut Vec<(&'static str, AMQPValue)>| {
+            args.push(("x-queue-type", text("quorum")));
+        };
+        let mut work_args = Vec::new();
+        let mut parked_args = Vec::new();
+        if quorum {
+            replicated(&mut work_args);
+            work_args.push((
+                "x-delivery-limit",
+                AMQPValue::LongLongInt(WORK_QUEUE_DELIVERY_LIMIT),
+            ));
+            work_args.push(("x-dead-letter-exchange", text(&names.parked_exchange())));
+            work_args.push(("x-dead-letter-strategy", text("at-least-once")));
+            work_args.push(("x-overflow", text("reject-publish")));
+            replicated(&mut parked_args);
+        }
+        let mut queues = vec![
+            QueueSpec {
+                name: names.work_queue(),
+                arguments: work_args,
+            },
+            QueueSpec {
+                name: names.parked_queue(),
+                arguments: parked_args,
+            },
+        ];
+        for level in config.ladder.levels() {
+            let mut args = vec![
+                (
+                    "x-message-ttl",
+                    AMQPValue::LongLongInt(level.as_millis() as i64),
+                ),
+                ("x-dead-letter-exchange", text(&names.work_exchange())),
+            ];
+            if quorum {
+                replicated(&mut args);
+                args.push(("x-dead-letter-strategy", text("at-least-once")));
+                args.push(("x-overflow", text("reject-publish")));
+            } else {
+                // Pending messages belong on disk (ignored from 3.12, where classic queues
+                // page out on their own).
+                args.push(("x-queue-mode", text("lazy")));
+            }
+            queues.push(QueueSpec {
+                name: names.level_queue(*level),
+                arguments: args,
+            });
+        }
+        let mut bindings = vec![
+            (names.work_queue(), names.work_exchange()),
+            (names.parked_queue(), names.parked_exchange()),
+        ];
+        bindings.extend(
+            config
+                .routes
+                .iter()
+                .map(|r| (names.work_queue(), r.ingress.clone())),
+        );
+        Self {
+            exchanges,
+            queues,
+            bindings,
+        }
+    }
+
+    /// Declares everything, in order: the work exchange and bound work queue exist before
+    /// any level queue, so no expiry is ever dropped.
+    pub async fn declare(&self, connection: &Connection) -> Result<(), TopologyError> {
+        let channel = open(connection, "channel", "declare").await?;
+        let (work_exchange, rest) = self.exchanges.split_first().expect("work exchange");
+        declare_exchange(&channel, work_exchange).await?;
+        for queue in &self.queues[..2] {
+            declare_queue(&channel, queue).await?;
+        }
+        for exchange in rest {
+            declare_exchange(&channel, exchange).await?;
+        }
+        for (queue, exchange) in &self.bindings {
+            bind(&channel, queue, exchange).await?;
+        }
+        for queue in &self.queues[2..] {
+            declare_queue(&channel, queue).await?;
+        }
+        let _ = channel.close(200, "declared".into()).await;
+        Ok(())
+    }
+
+    /// Deletes every queue and exchange of this topology (for tests and the demo).
+    /// Messages in them are lost: never run this against a bridge in service.
+    pub async fn delete(&self, connection: &Connection) -> Result<(), lapin::Error> {
+        let channel = connection.create_channel().await?;
+        for queue in self.queues.iter().rev() {
+            channel
+                .queue_delete(queue.name.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+        }
+        for exchange in &self.exchanges {
+            channel
+                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                .await?;
+        }
+        let _ = channel.close(200, "deleted".into()).await;
+        Ok(())
+    }
+}
+
+async fn open(
+    connection: &Connection,
+    kind: &'static str,
+    name: &str,
+) -> Result<Channel, TopologyError> {
+    connection
+        .create_channel()
+        .await
+        .map_err(|source| TopologyError::Declare {
+            kind,
+            name: name.to_string(),
+            source,
+        })
+}
+
+/// A 406 PRECONDITION_FAILED from the broker becomes a `Mismatch`.
+fn classify(kind: &'static str, name: &str, source: lapin::Error) -> TopologyError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = source.kind()
+        && amqp.get_id() == 406
+    {
+        return TopologyError::Mismatch {
+            kind,
+            name: name.to_string(),
+            broker: amqp.get_message().to_string(),
+        };
+    }
+    TopologyError::Declare {
+        kind,
+        name: name.to_string(),
+        source,
+    }
+}
+
+async fn declare_exchange(channel: &Channel, name: &str) -> Result<(), TopologyError> {
+    channel
+        .exchange_declare(
+            ShortString::from(name),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("exchange", name, e))
+}
+
+async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), TopologyError> {
+    let mut args = FieldTable::default();
+    for (k, v) in &queue.arguments {
+        args.insert(ShortString::from(*k), v.clone());
+    }
+    channel
+        .queue_declare(
+            ShortString::from(queue.name.as_str()),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| classify("queue", &queue.name, e))
+}
+
+async fn bind(channel: &Channel, queue: &str, exchange: &str) -> Result<(), TopologyError> {
+    channel
+        .queue_bind(
+            ShortString::from(queue),
+            ShortString::from(exchange),
+            ShortString::from(""),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("binding", &format!("{queue} <- {exchange}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(queue_type: &str) -> Config {
+        Config::from_toml(
+            &format!(
+                "[topology]\nprefix = \"p\"\nqueue_type = \"{queue_type}\"\n[delays]\nladder = \"1s 1m\"\n[[route]]\ningress = \"in\"\ntarget = \"out\"\n"
+            ),
+            "<test>",
+            &[],
+        )
+        .unwrap()
+    }
+
+    fn arg<'a>(q: &'a QueueSpec, k: &str) -> Option<&'a AMQPValue> {
+        q.arguments
+            .iter()
+            .find(|(name, _)| *name == k)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn classic_levels_dead_letter_to_work_and_never_expire() {
+        let t = Topology::from_config(&config("classic"));
+        assert_eq!(t.exchanges, vec!["p.work", "p.parked", "in"]);
+        let names: Vec<&str> = t.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["p.work", "p.parked", "p.level.1s", "p.level.1m"]
+        );
+        let level = &t.queues[3];
+        assert_eq!(
+            arg(level, "x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(60_000))
+        );
+        assert_eq!(arg(level, "x-dead-letter-exchange"), Some(&text("p.work")));
+        for q in &t.queues {
+            assert_eq!(arg(q, "x-expires"), None, "{} must never expire", q.name);
+        }
+        assert!(
+            t.queues[0].arguments.is_empty(),
+            "no TTL on the work queue, ever"
+        );
+        assert!(t.bindings.contains(&("p.work".into(), "in".into())));
+        assert!(t.bindings.contains(&("p.work".into(), "p.work".into())));
+    }
+
+    #[test]
+    fn quorum_mode_is_at_least_once_and_parks_past_the_delivery_limit() {
+        let t = Topology::from_config(&config("quorum"));
+        for q in &t.queues {
+            assert_eq!(arg(q, "x-queue-type"), Some(&text("quorum")), "{}", q.name);
+        }
+        let work = &t.queues[0];
+        assert_eq!(arg(work, "x-dead-letter-exchange"), Some(&text("p.parked")));
+        assert!(arg(work, "x-delivery-limit").is_some());
+        for q in [&t.queues[0], &t.queues[2], &t.queues[3]] {
+            assert_eq!(
+                arg(q, "x-dead-letter-strategy"),
+                Some(&text("at-least-once"))
+            );
+            assert_eq!(arg(q, "x-overflow"), Some(&text("reject-publish")));
+        }
+    }
+}

@@ -1,1 +1,103 @@
-//! AMQP plumbing.
+//! AMQP plumbing: connecting (password never shown), and the one confirmed publish path.
+
+pub mod targets;
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use thiserror::Error;
+
+use crate::config::BrokerUrl;
+
+/// Why connecting failed. The URL is shown with its password redacted.
+#[derive(Debug, Error)]
+#[error("cannot connect to {url}: {source}")]
+pub struct ConnectError {
+    /// The broker URL, redacted.
+    pub url: String,
+    /// The client error.
+    #[source]
+    pub source: lapin::Error,
+}
+
+/// Opens a connection named `name` (shown in the management UI).
+pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectError> {
+    Connection::connect(
+        url.expose(),
+        ConnectionProperties::default().with_connection_name(name.into()),
+    )
+    .await
+    .map_err(|source| ConnectError {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// Opens a channel in publisher-confirm mode.
+pub async fn confirm_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// What the broker said of a confirmed, mandatory publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// Confirmed and routed to at least one queue.
+    Routed,
+    /// Confirmed but returned: no queue was bound for it (312 NO_ROUTE).
+    Returned {
+        /// The broker's reply code.
+        code: u16,
+        /// The broker's reply text.
+        text: String,
+    },
+    /// The broker refused it (a nack: for example a full queue with `reject-publish`).
+    Nacked,
+}
+
+/// Publishes with `mandatory` and waits for the broker's confirm. The channel must be in
+/// confirm mode. Many of these run at once on one channel: never publish-await-publish.
+pub async fn publish_confirmed(
+    channel: &Channel,
+    exchange: ShortString,
+    routing_key: ShortString,
+    body: &[u8],
+    properties: BasicProperties,
+) -> Result<Published, lapin::Error> {
+    let confirm = channel
+        .basic_publish(
+            exchange,
+            routing_key,
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            properties,
+        )
+        .await?
+        .await?;
+    Ok(match confirm {
+        Confirmation::Ack(None) => Published::Routed,
+        Confirmation::Ack(Some(returned)) => Published::Returned {
+            code: returned.reply_code,
+            text: returned.reply_text.to_string(),
+        },
+        Confirmation::Nack(_) => Published::Nacked,
+        Confirmation::NotRequested => {
+            unreachable!("publish_confirmed needs a channel in confirm mode")
+        }
+    })
+}
+
+/// The AMQP reply code of a channel or connection error, if the broker sent one.
+pub fn reply_code(error: &lapin::Error) -> Option<u16> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
+        _ => None,
+    }
+}

@@ -33,7 +33,7 @@ fn decode_with(exchange: &str, props: &BasicProperties) -> Result<Envelope, Park
     decode(
         Incoming {
             exchange,
-            routing_key: "rk.1",
+            routing_key: &"rk.1".into(),
             properties: props,
         },
         NOW,
@@ -44,6 +44,9 @@ fn decode_with(exchange: &str, props: &BasicProperties) -> Result<Envelope, Park
 fn with_headers(entries: Vec<(&str, AMQPValue)>) -> BasicProperties {
     BasicProperties::default().with_headers(table(entries))
 }
+
+/// Header entries of one test case.
+type Headers = Vec<(&'static str, AMQPValue)>;
 
 /// What happens to a new message with these headers.
 #[derive(Debug, PartialEq)]
@@ -65,7 +68,7 @@ fn odd_and_bad_inputs_have_exact_outcomes() {
     use Outcome::*;
     use ParkReason::*;
     let year_ms: u64 = 366 * 86_400_000;
-    let cases: Vec<(&str, Vec<(&str, AMQPValue)>, Outcome)> = vec![
+    let cases: Vec<(&str, Headers, Outcome)> = vec![
         ("no header", vec![], DueIn(0)),
         ("zero", vec![("x-delay", AMQPValue::LongInt(0))], DueIn(0)),
         (
@@ -359,7 +362,7 @@ fn a_message_survives_two_hops_and_is_delivered_as_published() {
     let first = decode_with("in", &published).unwrap();
     assert_eq!(first.deliver_at, NOW + 5_000);
     assert_eq!(first.target, "out");
-    assert_eq!(first.routing_key, "rk.1");
+    assert_eq!(first.routing_key.as_str(), "rk.1");
 
     let hop1 = hop_properties(&first);
     // expiration stashed, user_id moved, persistent while travelling

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Makes sure a RabbitMQ broker answers AMQP on 127.0.0.1:${AMQP_PORT:-5672}.
+#   1. a broker already answering is used as it is;
+#   2. else an installed rabbitmq-server is started (rabbitmq-server -detached);
+#   3. else Debian's rabbitmq-server package is installed (needs root) and started.
+# Waits for the broker with a deadline (BROKER_WAIT_SECONDS, default 120). Idempotent.
+set -euo pipefail
+
+host=127.0.0.1
+port=${AMQP_PORT:-5672}
+deadline_s=${BROKER_WAIT_SECONDS:-120}
+
+say() { echo "broker.sh: $*"; }
+
+# True when something on host:port answers the AMQP 0-9-1 protocol header with a frame.
+amqp_answers() {
+  python3 - "$host" "$port" <<'PY' 2>/dev/null
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    s.settimeout(3)
+    first = s.recv(1)
+    sys.exit(0 if first == b"\x01" else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+wait_for_broker() {
+  local waited=0
+  until amqp_answers; do
+    if (( waited >= deadline_s )); then
+      say "RabbitMQ did not answer on $host:$port within ${deadline_s}s"
+      for log in /var/log/rabbitmq/*.log; do [ -f "$log" ] && tail -n 20 "$log"; done
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
+if amqp_answers; then
+  say "RabbitMQ already answers on $host:$port; using it"
+  exit 0
+fi
+
+if ! command -v rabbitmq-server >/dev/null 2>&1 && [ ! -x /usr/sbin/rabbitmq-server ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    say "RabbitMQ is not installed and installing it needs root:"
+    say "  sudo apt-get install -y rabbitmq-server   (then run this script again)"
+    exit 1
+  fi
+  say "RabbitMQ is not installed; installing Debian's rabbitmq-server"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # The package's own start attempt may fail without an init system; we start it below.
+  apt-get install -y -qq rabbitmq-server >/dev/null || apt-get install -y rabbitmq-server
+fi
+PATH=$PATH:/usr/sbin:/usr/lib/rabbitmq/bin
+
+if amqp_answers; then
+  say "RabbitMQ was started by its package; using it"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ] && [ "$(id -un)" != rabbitmq ]; then
+  say "RabbitMQ is installed but not running, and starting it needs root:"
+  say "  sudo rabbitmq-server -detached"
+  exit 1
+fi
+say "starting the installed RabbitMQ (rabbitmq-server -detached)"
+rabbitmq-server -detached || true
+timeout "$deadline_s" rabbitmqctl await_startup >/dev/null 2>&1 || true
+wait_for_broker
+say "RabbitMQ is up on $host:$port ($(rabbitmqctl version 2>/dev/null || echo 'version unknown'))"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates .venv with pika (from PyPI) for the Python interop test and prints its python path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import pika" >/dev/null 2>&1; then
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    else
+      echo "python-env.sh: python3 -m venv failed; install python3-venv" >&2
+      exit 1
+    fi
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pika>=1.3,<2" >&2
+fi
+echo "$PWD/$venv/bin/python"

@@ -1,0 +1,204 @@
+//! Which acks to send, and when: pure bookkeeping of the consumer channel's delivery tags.
+//!
+//! Acks go out in delivery-tag order, batched with `multiple=true` up to the highest
+//! contiguous finished tag: single acks sent out of order make the broker walk its unacked
+//! list for each. A held message (waiting out its last second) would stall that batching, so
+//! finished tags behind a held one are acked singly. Only finished tags are ever acked.
+
+use std::collections::BTreeMap;
+
+/// What to send to the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOp {
+    /// `basic.ack(tag, multiple=true)`.
+    Multiple(u64),
+    /// `basic.ack(tag, multiple=false)`.
+    Single(u64),
+    /// `basic.nack(tag, requeue=true)`: give it back to the broker unprocessed.
+    Requeue(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Being decided or published.
+    InFlight,
+    /// Waiting on a hold timer: may stay unfinished for up to a second or so.
+    Held,
+    /// Replaced and confirmed: may be acked.
+    Done,
+}
+
+/// The unacknowledged deliveries of one consumer channel.
+#[derive(Debug, Default)]
+pub struct AckTracker {
+    slots: BTreeMap<u64, Slot>,
+}
+
+impl AckTracker {
+    /// An empty tracker (a new channel).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A delivery arrived.
+    pub fn delivered(&mut self, tag: u64) {
+        self.slots.insert(tag, Slot::InFlight);
+    }
+
+    /// The delivery waits on a hold timer.
+    pub fn held(&mut self, tag: u64) {
+        if let Some(slot) = self.slots.get_mut(&tag) {
+            *slot = Slot::Held;
+        }
+    }
+
+    /// Whatever replaced the delivery is confirmed (or nothing needed to replace it).
+    pub fn done(&mut self, tag: u64) -> Vec<AckOp> {
+        if let Some(slot) = self.slots.get_mut(&tag) {
+            *slot = Slot::Done;
+        }
+        self.ackable()
+    }
+
+    /// The delivery goes back to the broker unprocessed (shutdown, or a failed publish).
+    pub fn release(&mut self, tag: u64) -> Vec<AckOp> {
+        if self.slots.remove(&tag).is_none() {
+            return Vec::new();
+        }
+        let mut ops = vec![AckOp::Requeue(tag)];
+        ops.extend(self.ackable());
+        ops
+    }
+
+    /// Deliveries not yet acked or released.
+    pub fn outstanding(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Deliveries waiting on a hold timer.
+    pub fn held_count(&self) -> usize {
+        self.slots.values().filter(|s| **s == Slot::Held).count()
+    }
+
+    fn ackable(&mut self) -> Vec<AckOp> {
+        let mut ops = Vec::new();
+        let mut last_done = None;
+        while let Some((&tag, &Slot::Done)) = self.slots.first_key_value() {
+            self.slots.remove(&tag);
+            last_done = Some(tag);
+        }
+        if let Some(tag) = last_done {
+            ops.push(AckOp::Multiple(tag));
+        }
+        if let Some((_, Slot::Held)) = self.slots.first_key_value() {
+            let done: Vec<u64> = self
+                .slots
+                .iter()
+                .filter(|(_, s)| **s == Slot::Done)
+                .map(|(t, _)| *t)
+                .collect();
+            for tag in done {
+                self.slots.remove(&tag);
+                ops.push(AckOp::Single(tag));
+            }
+        }
+        ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn in_order_completions_batch() {
+        let mut t = AckTracker::new();
+        for tag in 1..=3 {
+            t.delivered(tag);
+        }
+        assert_eq!(t.done(2), vec![]);
+        assert_eq!(t.done(1), vec![AckOp::Multiple(2)]);
+        assert_eq!(t.done(3), vec![AckOp::Multiple(3)]);
+        assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
+    fn finished_tags_behind_a_held_one_are_acked_singly() {
+        let mut t = AckTracker::new();
+        for tag in 1..=4 {
+            t.delivered(tag);
+        }
+        t.held(1);
+        assert_eq!(t.held_count(), 1);
+        assert_eq!(t.done(3), vec![AckOp::Single(3)]);
+        assert_eq!(t.done(2), vec![AckOp::Single(2)]);
+        assert_eq!(t.done(1), vec![AckOp::Multiple(1)]);
+        assert_eq!(t.done(4), vec![AckOp::Multiple(4)]);
+    }
+
+    #[test]
+    fn released_tags_are_requeued_never_acked() {
+        let mut t = AckTracker::new();
+        for tag in 1..=3 {
+            t.delivered(tag);
+        }
+        t.held(1);
+        assert_eq!(t.done(2), vec![AckOp::Single(2)]);
+        assert_eq!(t.release(1), vec![AckOp::Requeue(1)]);
+        assert_eq!(t.done(3), vec![AckOp::Multiple(3)]);
+        assert_eq!(t.release(1), vec![], "released once only");
+    }
+
+    proptest! {
+        /// Whatever the order in which deliveries finish, are held or are released, every tag
+        /// is acked or requeued exactly once, and only after it finished.
+        #[test]
+        fn every_tag_is_settled_once_and_only_when_finished(
+            events in prop::collection::vec((0u64..40, 0u8..4), 1..200)
+        ) {
+            let mut t = AckTracker::new();
+            let total = 40u64;
+            for tag in 1..=total {
+                t.delivered(tag);
+            }
+            let mut finished = std::collections::HashSet::new();
+            let mut settled = std::collections::BTreeMap::new();
+            let apply = |ops: Vec<AckOp>, finished: &std::collections::HashSet<u64>,
+                             settled: &mut std::collections::BTreeMap<u64, &'static str>| {
+                for op in ops {
+                    let (from, to, kind) = match op {
+                        AckOp::Multiple(tag) => (1, tag, "ack"),
+                        AckOp::Single(tag) => (tag, tag, "ack"),
+                        AckOp::Requeue(tag) => (tag, tag, "requeue"),
+                    };
+                    for tag in from..=to {
+                        if kind == "ack" && settled.contains_key(&tag) {
+                            continue; // covered by `multiple` after an earlier settle
+                        }
+                        assert!(settled.insert(tag, kind).is_none(), "tag {tag} settled twice");
+                        if kind == "ack" {
+                            assert!(finished.contains(&tag), "tag {tag} acked unfinished");
+                        }
+                    }
+                }
+            };
+            for (i, kind) in events {
+                let tag = i + 1;
+                match kind {
+                    0 => t.held(tag),
+                    1 | 2 => { finished.insert(tag); apply(t.done(tag), &finished, &mut settled); }
+                    _ => if !finished.contains(&tag) { apply(t.release(tag), &finished, &mut settled); },
+                }
+            }
+            for tag in 1..=total {
+                if !settled.contains_key(&tag) {
+                    finished.insert(tag);
+                    apply(t.done(tag), &finished, &mut settled);
+                }
+            }
+            prop_assert_eq!(settled.len() as u64, total);
+            prop_assert_eq!(t.outstanding(), 0);
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Test support: a uniquely prefixed topology per test, a bridge in process or as a child
+//! process, waits on events with deadlines, and cleanup even when a test panics.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use delay_bridge::bridge::{Bridge, Stats, now_ms};
+use delay_bridge::config::Config;
+use delay_bridge::topology::Topology;
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
+pub fn broker_url() -> String {
+    std::env::var("DELAY_BRIDGE_TEST_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
+}
+
+/// A unique prefix: the test's name plus randomness, so tests run in parallel.
+pub fn unique_prefix(test: &str) -> String {
+    format!("test-{test}-{:08x}", rand::random::<u32>())
+}
+
+pub async fn connect() -> Connection {
+    Connection::connect(&broker_url(), ConnectionProperties::default())
+        .await
+        .expect("the test broker answers (run scripts/broker.sh)")
+}
+
+/// One message as received from the target queue, with its arrival time.
+#[derive(Debug)]
+pub struct Received {
+    pub at_ms: u64,
+    pub routing_key: String,
+    pub exchange: String,
+    pub properties: BasicProperties,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&AMQPValue> {
+        self.properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(name))
+    }
+}
+
+/// A test's world: its own prefix, a target topic exchange with a catch-all queue, the
+/// parked queue watched, and a bridge (in process unless the test starts processes).
+pub struct World {
+    pub prefix: String,
+    pub config: Config,
+    pub conn: Arc<Connection>,
+    pub publisher: Channel,
+    pub ingress: String,
+    pub target: String,
+    pub target_queue: String,
+    received: mpsc::UnboundedReceiver<Received>,
+    parked: mpsc::UnboundedReceiver<Received>,
+    bridge: Option<(CancellationToken, tokio::task::JoinHandle<()>, Arc<Stats>)>,
+    extra_exchanges: Vec<String>,
+    cleaned: bool,
+}
+
+/// Options for a world.
+pub struct Setup<'a> {
+    pub test: &'a str,
+    pub ladder: &'a str,
+    pub margin: &'a str,
+    /// Extra `[[route]]` TOML (for example a route to a missing target).
+    pub extra_routes: Vec<(String, String)>,
+    pub start_bridge: bool,
+    pub prefetch: u32,
+}
+
+impl<'a> Setup<'a> {
+    pub fn new(test: &'a str) -> Self {
+        Self {
+            test,
+            ladder: "100ms 200ms 400ms 800ms",
+            margin: "30ms",
+            extra_routes: Vec::new(),
+            start_bridge: true,
+            prefetch: 4000,
+        }
+    }
+}
+
+pub fn config_toml(
+    prefix: &str,
+    ladder: &str,
+    margin: &str,
+    routes: &[(String, String)],
+    prefetch: u32,
+) -> String {
+    let mut text = format!(
+        "[broker]\nurl = \"{}\"\n[topology]\nprefix = \"{prefix}\"\n[delays]\nladder = \"{ladder}\"\nmargin = \"{margin}\"\nmax_delay = \"366d\"\n[bridge]\nprefetch = {prefetch}\nshutdown_timeout = \"5s\"\n",
+        broker_url()
+    );
+    for (ingress, target) in routes {
+        text.push_str(&format!(
+            "[[route]]\ningress = \"{ingress}\"\ntarget = \"{target}\"\n"
+        ));
+    }
+    text
+}
+
+impl World {
+    pub async fn start(setup: Setup<'_>) -> World {
+        let prefix = unique_prefix(setup.test);
+        let ingress = format!("{prefix}.in");
+        let target = format!("{prefix}.out");
+        let target_queue = format!("{prefix}.out.q");
+        let mut routes = vec![(ingress.clone(), target.clone())];
+        routes.extend(setup.extra_routes.iter().cloned());
+        let text = config_toml(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch);
+        let config = Config::from_toml(&text, "<test>", &[]).expect("test config is valid");
+        let conn = Arc::new(connect().await);
+        let setup_channel = conn.create_channel().await.unwrap();
+        setup_channel
+            .exchange_declare(
+                target.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        declare_queue(&setup_channel, &target_queue).await;
+        setup_channel
+            .queue_bind(
+                target_queue.as_str().into(),
+                target.as_str().into(),
+                "rk.#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        // Declare the bridge topology now, so publishes before the bridge is up are kept.
+        Topology::from_config(&config).declare(&conn).await.unwrap();
+        let received = watch_queue(&conn, &target_queue).await;
+        let parked = watch_queue(&conn, &config.names.parked_queue()).await;
+        let publisher = conn.create_channel().await.unwrap();
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut world = World {
+            prefix,
+            config,
+            conn,
+            publisher,
+            ingress,
+            target,
+            target_queue,
+            received,
+            parked,
+            bridge: None,
+            extra_exchanges: Vec::new(),
+            cleaned: false,
+        };
+        if setup.start_bridge {
+            world.start_bridge().await;
+        }
+        world
+    }
+
+    /// Starts the bridge in process and waits until it consumes.
+    pub async fn start_bridge(&mut self) {
+        let bridge = Bridge::new(self.config.clone());
+        let stats = bridge.stats();
+        let mut ready = bridge.ready();
+        let token = CancellationToken::new();
+        let run_token = token.clone();
+        let handle = tokio::spawn(async move {
+            bridge.run(run_token).await.expect("the bridge runs");
+        });
+        tokio::time::timeout(Duration::from_secs(20), ready.wait_for(|r| *r))
+            .await
+            .expect("bridge ready within 20s")
+            .unwrap();
+        self.bridge = Some((token, handle, stats));
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.bridge.as_ref().expect("bridge running").2.clone()
+    }
+
+    /// Stops the in-process bridge and waits for it to drain.
+    pub async fn stop_bridge(&mut self) {
+        if let Some((token, handle, _)) = self.bridge.take() {
+            token.cancel();
+            tokio::time::timeout(Duration::from_secs(20), handle)
+                .await
+                .expect("bridge stops within 20s")
+                .expect("bridge task did not panic");
+        }
+    }
+
+    /// Publishes to the ingress exchange with confirm; returns the publish time (epoch ms).
+    pub async fn publish(
+        &self,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> u64 {
+        publish_to(
+            &self.publisher,
+            &self.ingress,
+            routing_key,
+            body,
+            properties,
+        )
+        .await
+    }
+
+    /// The next message on the target queue, or a panic after `within`.
+    pub async fn recv_within(&mut self, within: Duration) -> Received {
+        tokio::time::timeout(within, self.received.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no message on the target within {within:?}"))
+            .expect("target consumer alive")
+    }
+
+    /// The next parked message, or a panic after `within`.
+    pub async fn parked_within(&mut self, within: Duration) -> Received {
+        tokio::time::timeout(within, self.parked.recv())
+            .await
+            .unwrap_or_else(|_| panic!("nothing parked within {within:?}"))
+            .expect("parked consumer alive")
+    }
+
+    /// Collects `n` messages from the target, panicking at the deadline.
+    pub async fn recv_n(&mut self, n: usize, within: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.received.recv()).await {
+                Ok(Some(m)) => out.push(m),
+                _ => panic!("received {} of {n} messages within {within:?}", out.len()),
+            }
+        }
+        out
+    }
+
+    /// Collects whatever arrives on the target until it has been quiet for `quiet`.
+    pub async fn drain_quiet(&mut self, quiet: Duration) -> Vec<Received> {
+        let mut out = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(quiet, self.received.recv()).await {
+            out.push(m);
+        }
+        out
+    }
+
+    /// Asserts nothing else arrives on the target or parked queue for `quiet`.
+    pub async fn assert_quiet(&mut self, quiet: Duration) {
+        tokio::select! {
+            m = self.received.recv() => panic!("unexpected message on the target: {m:?}"),
+            m = self.parked.recv() => panic!("unexpected parked message: {m:?}"),
+            _ = tokio::time::sleep(quiet) => {}
+        }
+    }
+
+    /// Declares an extra exchange the cleanup deletes.
+    pub async fn declare_extra_exchange(&mut self, name: &str, kind: ExchangeKind) {
+        let ch = self.conn.create_channel().await.unwrap();
+        ch.exchange_declare(
+            name.into(),
+            kind,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        self.extra_exchanges.push(name.to_string());
+    }
+
+    /// Stops the bridge and deletes everything this test declared.
+    pub async fn cleanup(mut self) {
+        self.stop_bridge().await;
+        cleanup_topology(
+            &self.config,
+            &self.target,
+            &self.target_queue,
+            &self.extra_exchanges,
+        )
+        .await;
+        self.cleaned = true;
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        // A failed test still leaves nothing behind: clean up on a thread of its own.
+        if let Some((token, _, _)) = self.bridge.take() {
+            token.cancel();
+        }
+        let config = self.config.clone();
+        let (target, queue, extra) = (
+            self.target.clone(),
+            self.target_queue.clone(),
+            self.extra_exchanges.clone(),
+        );
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(cleanup_topology(&config, &target, &queue, &extra));
+        })
+        .join();
+    }
+}
+
+pub async fn cleanup_topology(config: &Config, target: &str, target_queue: &str, extra: &[String]) {
+    let conn = connect().await;
+    let _ = Topology::from_config(config).delete(&conn).await;
+    let ch = conn.create_channel().await.unwrap();
+    let _ = ch
+        .queue_delete(target_queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(target.into(), ExchangeDeleteOptions::default())
+        .await;
+    for e in extra {
+        let _ = ch
+            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "cleanup".into()).await;
+}
+
+pub async fn declare_queue(channel: &Channel, name: &str) {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Consumes a queue (auto-ack) into a channel of received messages, stamping arrival time.
+pub async fn watch_queue(conn: &Connection, queue: &str) -> mpsc::UnboundedReceiver<Received> {
+    let channel = conn.create_channel().await.unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            format!("watch-{queue}").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _keep = channel;
+        while let Some(Ok(d)) = consumer.next().await {
+            let m = Received {
+                at_ms: now_ms(),
+                routing_key: d.routing_key.to_string(),
+                exchange: d.exchange.to_string(),
+                properties: d.properties,
+                body: d.data,
+            };
+            if tx.send(m).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+pub async fn publish_to(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> u64 {
+    let at = now_ms();
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            ShortString::from(routing_key),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirm.is_ack(), "publish confirmed");
+    at
+}
+
+pub fn headers(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut map = BTreeMap::new();
+    for (k, v) in entries {
+        map.insert(ShortString::from(k), v);
+    }
+    FieldTable::from(map)
+}
+
+pub fn with_delay(ms: i64) -> BasicProperties {
+    BasicProperties::default().with_headers(headers(vec![("x-delay", AMQPValue::LongLongInt(ms))]))
+}
+
+pub fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}
