@@ -11,6 +11,8 @@ use delay_bridge::config::{Config, RawConfig, defaults};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
+mod demo;
+
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
 ///
 /// Publish a message with an `x-delay` header (milliseconds) or `x-deliver-at` (epoch ms or
@@ -70,10 +72,15 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // The demo prints its own story; the bridge's logs would interleave with it.
+    let default_filter = match cli.command {
+        Command::Demo => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -84,7 +91,7 @@ fn main() -> Result<()> {
         }
         Command::Demo => {
             let config = load(&cli)?;
-            runtime()?.block_on(delay_bridge::bridge::demo::run_demo(&config))
+            runtime()?.block_on(demo::run_demo(&config))
         }
         Command::Plan {
             delay,
@@ -208,9 +215,10 @@ fn print_plan(cli: &Cli, delay: &str, ladder: Option<&str>, margin: Option<&str>
         parts.join(" + ")
     };
     println!(
-        "{} = {joined}  ({} hops)",
+        "{} = {joined}  ({} hop{})",
         format_duration(delay_d),
-        hop_count(&steps)
+        hop_count(&steps),
+        if hop_count(&steps) == 1 { "" } else { "s" }
     );
     Ok(())
 }

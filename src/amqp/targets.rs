@@ -39,4 +39,14 @@ impl TargetChannels {
         channels.insert(target.to_string(), channel.clone());
         Ok(channel)
     }
+
+    /// Closes every open target channel (on shutdown).
+    pub async fn close_all(&self) {
+        let channels: Vec<Channel> = self.channels.lock().await.drain().map(|(_, c)| c).collect();
+        for channel in channels {
+            if channel.status().connected() {
+                let _ = channel.close(200, "delay-bridge stopping".into()).await;
+            }
+        }
+    }
 }

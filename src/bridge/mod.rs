@@ -2,7 +2,6 @@
 //! reconnect with backoff when the broker goes away. Runs until its shutdown token fires.
 
 pub mod acks;
-pub mod demo;
 mod worker;
 
 use std::sync::Arc;

@@ -95,11 +95,47 @@ pub(super) async fn run_session(
         stop: stop.clone(),
     };
     let _stop_tasks_on_exit = stop.clone().drop_guard();
+    let result = session_loop(
+        &shared,
+        &consume,
+        &mut consumer,
+        &consumer_tag,
+        &task,
+        &stop,
+        &mut events,
+        shutdown,
+    )
+    .await;
+    stop.cancel();
+    if result.is_ok() {
+        // Close our channels before the connection closes, so nothing is cut mid-frame.
+        let _ = consume.close(200, "delay-bridge stopping".into()).await;
+        let _ = task
+            .publish
+            .close(200, "delay-bridge stopping".into())
+            .await;
+        task.targets.close_all().await;
+    }
+    result
+}
+
+/// Drives one session until shutdown drains it (`Ok`) or something breaks (`Err`).
+#[allow(clippy::too_many_arguments)]
+async fn session_loop(
+    shared: &Arc<Shared>,
+    consume: &Channel,
+    consumer: &mut lapin::Consumer,
+    consumer_tag: &str,
+    task: &Task,
+    stop: &CancellationToken,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    shutdown: &CancellationToken,
+) -> Result<(), BridgeError> {
+    let config = &shared.config;
     let mut tracker = AckTracker::new();
     let mut consuming = true;
     let mut drain_deadline = None;
     let mut report = tokio::time::interval(Duration::from_secs(10));
-
     loop {
         if !consuming && tracker.outstanding() == 0 {
             return Ok(());
@@ -120,7 +156,7 @@ pub(super) async fn run_session(
                     }
                 };
                 shared.stats.held.store(tracker.held_count() as u64, Ordering::Relaxed);
-                apply(&consume, ops).await?;
+                apply(consume, ops).await?;
                 if let Some(error) = failure {
                     return Err(error);
                 }
@@ -148,7 +184,7 @@ pub(super) async fn run_session(
                 consuming = false;
                 tracing::info!(outstanding = tracker.outstanding(), "stopping: no new deliveries; releasing held messages, waiting for in-flight confirms");
                 let _ = consume
-                    .basic_cancel(consumer_tag.as_str().into(), Default::default())
+                    .basic_cancel(consumer_tag.into(), Default::default())
                     .await;
                 stop.cancel();
                 drain_deadline = Some(tokio::time::Instant::now() + config.shutdown_timeout);

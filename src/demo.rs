@@ -1,0 +1,220 @@
+//! `delay-bridge demo`: a bridge in process, a few messages published with plain AMQP and
+//! `x-delay`, each arrival printed as it happens, then everything it declared deleted.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ExchangeKind};
+use tokio_util::sync::CancellationToken;
+
+use delay_bridge::bridge::{Bridge, Stats, now_ms};
+use delay_bridge::config::{Config, Route};
+use delay_bridge::ladder::format_duration;
+use delay_bridge::naming::Names;
+use delay_bridge::plan::{hop_count, plan};
+use delay_bridge::topology::Topology;
+
+/// The delays the demo publishes, in publish order (ms): the 10 s one first.
+const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
+
+/// Runs the demo against the configured broker with a throw-away prefix and route.
+pub async fn run_demo(base: &Config) -> Result<()> {
+    let prefix = format!(
+        "delay-bridge-demo-{:06x}",
+        rand::random::<u32>() & 0xff_ffff
+    );
+    let mut config = base.clone();
+    config.names = Names::new(prefix.clone());
+    let ingress = format!("{prefix}.in");
+    let target = format!("{prefix}.out");
+    let target_queue = format!("{prefix}.out.inbox");
+    config.routes = vec![Route {
+        ingress: ingress.clone(),
+        target: target.clone(),
+    }];
+
+    println!(
+        "delay-bridge demo: broker {}, ladder of {} levels ({} .. {}), margin {}",
+        config.url,
+        config.ladder.levels().len(),
+        format_duration(config.ladder.smallest()),
+        format_duration(config.ladder.largest()),
+        format_duration(config.margin),
+    );
+    let conn = delay_bridge::amqp::connect(&config.url, "delay-bridge demo").await?;
+    declare_target(&conn, &target, &target_queue).await?;
+
+    let bridge = Bridge::new(config.clone());
+    let stats = bridge.stats();
+    let mut ready = bridge.ready();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(bridge.run(shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r))
+        .await
+        .context("the bridge did not become ready within 30s")??;
+    println!("bridge running; publishing to exchange `{ingress}` with plain AMQP and x-delay:");
+
+    let result = publish_and_watch(&conn, &ingress, &target_queue, &config, &stats).await;
+
+    shutdown.cancel();
+    let stopped = running.await;
+    let channel = conn.create_channel().await?;
+    channel
+        .queue_delete(target_queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    channel
+        .exchange_delete(target.as_str().into(), ExchangeDeleteOptions::default())
+        .await?;
+    Topology::from_config(&config).delete(&conn).await?;
+    let _ = conn.close(200, "demo done".into()).await;
+    println!("cleaned up: every exchange and queue of `{prefix}` deleted");
+    stopped.context("the bridge task panicked")??;
+    result
+}
+
+async fn declare_target(conn: &Connection, target: &str, queue: &str) -> Result<()> {
+    let channel = conn.create_channel().await?;
+    channel
+        .exchange_declare(
+            target.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            target.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn publish_and_watch(
+    conn: &Connection,
+    ingress: &str,
+    target_queue: &str,
+    config: &Config,
+    stats: &Stats,
+) -> Result<()> {
+    let inbox = conn.create_channel().await?;
+    let mut consumer = inbox
+        .basic_consume(
+            target_queue.into(),
+            "demo".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut due = Vec::new();
+    for delay in DELAYS_MS {
+        let mut headers = FieldTable::default();
+        headers.insert("x-delay".into(), AMQPValue::LongLongInt(delay as i64));
+        let sent = now_ms();
+        publisher
+            .basic_publish(
+                ingress.into(),
+                format!("demo.{delay}ms").as_str().into(),
+                BasicPublishOptions::default(),
+                delay.to_string().as_bytes(),
+                BasicProperties::default()
+                    .with_message_id(format!("demo-{delay}").into())
+                    .with_headers(headers),
+            )
+            .await?
+            .await?;
+        due.push((delay, sent + delay));
+        println!(
+            "  published x-delay {:>6} ms at {}  (due {})",
+            delay,
+            clock(sent),
+            clock(sent + delay)
+        );
+    }
+    println!("arrivals, as they happen:");
+    println!(
+        "  {:>8}  {:>12}  {:>12}  {:>8}  {:>12}",
+        "x-delay", "due", "arrived", "late", "planned hops"
+    );
+    let mut order = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while order.len() < DELAYS_MS.len() {
+        let next = tokio::time::timeout_at(deadline, consumer.next())
+            .await
+            .context("not every demo message arrived within 40s")?;
+        let delivery = match next {
+            Some(Ok(d)) => d,
+            other => bail!("the demo consumer stopped: {other:?}"),
+        };
+        let arrived = now_ms();
+        let delay: u64 = String::from_utf8_lossy(&delivery.data).parse()?;
+        let due_at = due
+            .iter()
+            .find(|(d, _)| *d == delay)
+            .map(|(_, at)| *at)
+            .context("an unexpected message arrived")?;
+        let hops = hop_count(&plan(
+            Duration::from_millis(delay),
+            &config.ladder,
+            config.margin,
+        ));
+        println!(
+            "  {:>5} ms  {}  {}  {:>+5} ms  {:>12}",
+            delay,
+            clock(due_at),
+            clock(arrived),
+            arrived as i64 - due_at as i64,
+            hops
+        );
+        order.push(delay);
+    }
+    println!(
+        "arrival order: {} ms. The 1000 ms message was published after the 10000 ms one and was not held back by it.",
+        order
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "bridge counters: {} hops, {} delivered, {} parked",
+        Stats::get(&stats.hops),
+        Stats::get(&stats.delivered),
+        Stats::get(&stats.parked)
+    );
+    if !order.windows(2).all(|w| w[0] <= w[1]) {
+        bail!("messages arrived out of delay order: {order:?}");
+    }
+    Ok(())
+}
+
+/// `HH:MM:SS.mmm` (UTC) of an epoch-ms instant.
+fn clock(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .map(|t| t.format("%H:%M:%S%.3f").to_string())
+        .unwrap_or_default()
+}
