@@ -370,3 +370,181 @@ async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_va
         .await;
     w.cleanup().await;
 }
+
+/// Publishes `n` messages with delays spread over [min_ms, max_ms], message ids `0..n`.
+async fn publish_spread(w: &World, n: usize, min_ms: u64, max_ms: u64) {
+    let mut confirms = Vec::with_capacity(n);
+    for i in 0..n {
+        let delay = min_ms + (i as u64 * 7919) % (max_ms - min_ms);
+        let props = with_delay(delay as i64).with_message_id(i.to_string().into());
+        let confirm = w
+            .publisher
+            .basic_publish(
+                w.ingress.as_str().into(),
+                "rk.load".into(),
+                Default::default(),
+                i.to_string().as_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        confirms.push(confirm);
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+}
+
+/// Counts ids received: (distinct, duplicates).
+fn count_ids(got: &[Received], n: usize) -> (usize, usize) {
+    let mut seen = vec![0u32; n];
+    for m in got {
+        let id: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
+        seen[id] += 1;
+    }
+    let distinct = seen.iter().filter(|c| **c > 0).count();
+    let dups = seen.iter().map(|c| c.saturating_sub(1) as usize).sum();
+    (distinct, dups)
+}
+
+#[tokio::test]
+async fn sigkill_mid_flight_loses_nothing() {
+    const N: usize = 2_000;
+    const PREFETCH: u32 = 1_000;
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("crash")
+    })
+    .await;
+    let path = write_config(&w, PREFETCH);
+    let first = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    publish_spread(&w, N, 300, 4_000).await;
+    // Kill once deliveries have started: the rest sit in levels, holds and in flight.
+    let mut got = w.recv_n(200, 10 * SEC).await;
+    first.kill9().await;
+    let second = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    let deadline = std::time::Instant::now() + 30 * SEC;
+    while count_ids(&got, N).0 < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "missing {} of {N}",
+            N - count_ids(&got, N).0
+        );
+        got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    }
+    got.extend(w.drain_quiet(SEC).await);
+    let (distinct, dups) = count_ids(&got, N);
+    println!("crash: {distinct}/{N} delivered, {dups} duplicates (bound: prefetch {PREFETCH})");
+    assert_eq!(distinct, N, "every message arrives after a SIGKILL");
+    assert!(
+        dups <= PREFETCH as usize,
+        "duplicates {dups} above the in-flight window"
+    );
+    let status = second.terminate(20 * SEC).await;
+    assert!(status.success(), "exit status {status:?}");
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_bridge_processes_share_the_work_without_duplicates() {
+    const N: usize = 600;
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("two")
+    })
+    .await;
+    let path = write_config(&w, 500);
+    let a = BridgeProcess::spawn(&path);
+    let b = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 2, 20 * SEC).await;
+    publish_spread(&w, N, 100, 2_500).await;
+    let mut got = w.recv_n(N, 20 * SEC).await;
+    got.extend(w.drain_quiet(SEC).await);
+    let (distinct, dups) = count_ids(&got, N);
+    assert_eq!((distinct, dups), (N, 0), "all delivered, none twice");
+    for p in [a, b] {
+        assert!(p.terminate(20 * SEC).await.success());
+    }
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn sigterm_releases_held_messages_and_exits_zero() {
+    const N: usize = 200;
+    let mut w = World::start(Setup {
+        ladder: "1s",
+        margin: "100ms",
+        start_bridge: false,
+        ..Setup::new("sigterm")
+    })
+    .await;
+    let path = write_config(&w, 1_000);
+    let first = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    // Delays below the smallest level + margin: every message is held in process.
+    publish_spread(&w, N, 600, 1_050).await;
+    let status = first.terminate(20 * SEC).await;
+    assert!(status.success(), "exit status {status:?}");
+    let mut got = w.drain_quiet(Duration::from_millis(200)).await;
+    let second = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    got.extend(w.recv_n(N - count_ids(&got, N).0, 20 * SEC).await);
+    got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    assert_eq!(
+        count_ids(&got, N),
+        (N, 0),
+        "released, redelivered once each"
+    );
+    assert!(second.terminate(20 * SEC).await.success());
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_python_pika_publisher_works_unchanged() {
+    let python = std::env::var("DELAY_BRIDGE_PYTHON").unwrap_or_else(|_| {
+        panic!("DELAY_BRIDGE_PYTHON is not set: run scripts/test.sh, or set it to a python with pika (scripts/python-env.sh prints one)")
+    });
+    let mut w = World::start(Setup {
+        ladder: "200ms 500ms",
+        margin: "30ms",
+        ..Setup::new("pika")
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pika_publisher.py");
+    let started = delay_bridge::bridge::now_ms();
+    let out = tokio::process::Command::new(&python)
+        .args([script, &broker_url(), &w.ingress])
+        .output()
+        .await
+        .expect("run the pika publisher");
+    assert!(
+        out.status.success(),
+        "pika publisher failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = w.recv_n(3, 10 * SEC).await;
+    let bodies: Vec<&[u8]> = got.iter().map(|m| m.body.as_slice()).collect();
+    assert_eq!(
+        bodies,
+        vec![&b"int 400"[..], b"str 900", b"int 1500"],
+        "sorted by delay"
+    );
+    for (m, delay) in got.iter().zip([400i32, 900, 1500]) {
+        let late = m.at_ms as i64 - (started as i64 + i64::from(delay));
+        assert!(late < 1_000, "lateness {late} ms");
+        assert_eq!(m.routing_key, "rk.pika");
+        assert_eq!(m.properties.content_type(), &Some("text/plain".into()));
+        assert_eq!(m.properties.delivery_mode(), &Some(2));
+        assert_eq!(m.header("x-delay"), Some(&AMQPValue::LongInt(-delay)));
+        assert_eq!(m.header("tenant"), Some(&text("acme")));
+        assert_eq!(m.header("attempt"), Some(&AMQPValue::LongInt(3)));
+        assert!(m.header("delay-bridge-hops").is_none());
+    }
+    assert_eq!(got[0].properties.message_id(), &Some("py-1".into()));
+    w.cleanup().await;
+}

@@ -430,3 +430,88 @@ pub fn with_delay(ms: i64) -> BasicProperties {
 pub fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
+
+/// A `delay-bridge run` child process, killed when dropped.
+pub struct BridgeProcess {
+    pub child: tokio::process::Child,
+}
+
+impl BridgeProcess {
+    /// Starts the release-or-debug binary Cargo built for these tests.
+    pub fn spawn(config_path: &std::path::Path) -> BridgeProcess {
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
+            .arg("--config")
+            .arg(config_path)
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn delay-bridge");
+        BridgeProcess { child }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    /// SIGKILL: no chance to ack, drain or close anything.
+    pub async fn kill9(mut self) {
+        self.child.start_kill().unwrap();
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM, then the exit status within `within`.
+    pub async fn terminate(mut self, within: Duration) -> std::process::ExitStatus {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .unwrap()
+    }
+}
+
+/// Writes the world's config to a temp file for child processes.
+pub fn write_config(world: &World, prefetch: u32) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("{}.toml", world.prefix));
+    let text = config_toml(
+        &world.prefix,
+        &world.config.ladder.to_string(),
+        &delay_bridge::ladder::format_duration(world.config.margin),
+        &[(world.ingress.clone(), world.target.clone())],
+        prefetch,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Waits until the work queue has `n` consumers.
+pub async fn wait_for_consumers(world: &World, n: u32, within: Duration) {
+    let deadline = Instant::now() + within;
+    let channel = world.conn.create_channel().await.unwrap();
+    loop {
+        let q = channel
+            .queue_declare(
+                world.config.names.work_queue().as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        if q.consumer_count() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} consumers not there within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
