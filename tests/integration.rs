@@ -548,3 +548,39 @@ async fn a_python_pika_publisher_works_unchanged() {
     assert_eq!(got[0].properties.message_id(), &Some("py-1".into()));
     w.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
+    const N: usize = 300;
+    let mut w = World::start(Setup::new("reconnect")).await;
+    publish_spread(&w, N, 200, 2_500).await;
+    let mut got = w.recv_n(20, 10 * SEC).await;
+    let closed = close_connections_named(&format!("delay-bridge {}", w.prefix));
+    assert_eq!(closed, 1, "the bridge's connection was found and closed");
+    got.extend(w.recv_n(N - count_ids(&got, N).0, 30 * SEC).await);
+    got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    let (distinct, dups) = count_ids(&got, N);
+    println!("reconnect: {distinct}/{N} delivered, {dups} duplicates");
+    assert_eq!(distinct, N);
+    assert!(dups <= 4_000, "duplicates bounded by prefetch");
+    assert!(Stats::get(&w.stats().reconnects) >= 1);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn quorum_mode_delivers_through_quorum_levels() {
+    let mut w = World::start(Setup {
+        ladder: "100ms 300ms",
+        margin: "30ms",
+        queue_type: "quorum",
+        ..Setup::new("quorum")
+    })
+    .await;
+    let sent = w.publish("rk.q", b"q", with_delay(1_200)).await;
+    let m = w.recv_within(10 * SEC).await;
+    let late = m.at_ms as i64 - (sent as i64 + 1_200);
+    assert!((0..300).contains(&late), "lateness {late} ms");
+    assert_eq!(m.body, b"q");
+    assert!(Stats::get(&w.stats().hops) >= 3);
+    w.cleanup().await;
+}

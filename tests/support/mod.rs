@@ -82,6 +82,8 @@ pub struct Setup<'a> {
     pub extra_routes: Vec<(String, String)>,
     pub start_bridge: bool,
     pub prefetch: u32,
+    /// `classic` or `quorum`.
+    pub queue_type: &'a str,
 }
 
 impl<'a> Setup<'a> {
@@ -93,6 +95,7 @@ impl<'a> Setup<'a> {
             extra_routes: Vec::new(),
             start_bridge: true,
             prefetch: 4000,
+            queue_type: "classic",
         }
     }
 }
@@ -124,7 +127,11 @@ impl World {
         let target_queue = format!("{prefix}.out.q");
         let mut routes = vec![(ingress.clone(), target.clone())];
         routes.extend(setup.extra_routes.iter().cloned());
-        let text = config_toml(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch);
+        let text = config_toml(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch)
+            .replace(
+                "[topology]\n",
+                &format!("[topology]\nqueue_type = \"{}\"\n", setup.queue_type),
+            );
         let config = Config::from_toml(&text, "<test>", &[]).expect("test config is valid");
         let conn = Arc::new(connect().await);
         let setup_channel = conn.create_channel().await.unwrap();
@@ -514,4 +521,43 @@ pub async fn wait_for_consumers(world: &World, n: u32, within: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Makes the broker close every connection whose client-provided name contains `name`
+/// (needs `rabbitmqctl` and the broker's Erlang cookie, i.e. root on a local broker).
+/// Returns how many it closed.
+pub fn close_connections_named(name: &str) -> usize {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl is needed for the connection-loss test");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_connections: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut closed = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if !line.contains(name) {
+            continue;
+        }
+        let pid = line.split_whitespace().next().unwrap();
+        let status = std::process::Command::new("rabbitmqctl")
+            .args([
+                "close_connection",
+                pid,
+                "delay-bridge test: simulated connection loss",
+            ])
+            .output()
+            .unwrap();
+        assert!(status.status.success());
+        closed += 1;
+    }
+    closed
 }
