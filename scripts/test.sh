@@ -18,4 +18,4 @@ log=target/test-output.log
 cargo test 2>&1 | tee "$log"
 # One closing line for the whole run: the sum over every test binary and the doctests.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
