@@ -77,6 +77,8 @@ pub struct RawConfig {
     pub delays: RawDelays,
     #[serde(default)]
     pub bridge: RawBridge,
+    #[serde(default)]
+    pub cancel: RawCancel,
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
 }
@@ -115,6 +117,14 @@ pub struct RawDelays {
 pub struct RawBridge {
     pub prefetch: Option<u32>,
     pub shutdown_timeout: Option<String>,
+}
+
+/// `[cancel]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCancel {
+    pub grace: Option<String>,
 }
 
 /// `[[route]]`
@@ -246,6 +256,9 @@ pub struct Config {
     pub prefetch: u16,
     /// How long shutdown waits for in-flight publishes to be confirmed.
     pub shutdown_timeout: Duration,
+    /// How long past the latest due time of the copies it covers a tombstone is kept (a
+    /// bridge backlog or outage can deliver a copy late).
+    pub cancel_grace: Duration,
     /// Ingress → target routes.
     pub routes: Vec<Route>,
 }
@@ -266,9 +279,18 @@ pub mod defaults {
     pub const PREFETCH: u32 = 4000;
     /// `bridge.shutdown_timeout`
     pub const SHUTDOWN_TIMEOUT: &str = "10s";
+    /// `cancel.grace`
+    pub const CANCEL_GRACE: &str = "1d";
 }
 
 impl Config {
+    /// How long a tombstone must be kept (in memory and in the cancel stream): a copy it
+    /// covers entered at or before the cancel, so it is due at most `max_delay` after it,
+    /// and `cancel_grace` covers a late delivery.
+    pub fn tombstone_keep(&self) -> Duration {
+        self.max_delay + self.cancel_grace
+    }
+
     /// Reads, applies environment overrides, and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -405,6 +427,8 @@ impl RawConfig {
             &self.bridge.shutdown_timeout,
             defaults::SHUTDOWN_TIMEOUT,
         )?;
+        let cancel_grace =
+            duration_key("cancel.grace", &self.cancel.grace, defaults::CANCEL_GRACE)?;
         let names = Names::new(prefix);
         if names.longest_name_len(ladder.levels()) > 255 {
             return Err(invalid(
@@ -457,6 +481,7 @@ impl RawConfig {
             max_delay,
             prefetch,
             shutdown_timeout,
+            cancel_grace,
             routes,
         })
     }
@@ -481,6 +506,8 @@ impl fmt::Display for Config {
             "shutdown_timeout = \"{}\"",
             format_duration(self.shutdown_timeout)
         )?;
+        writeln!(f, "\n[cancel]")?;
+        writeln!(f, "grace = \"{}\"", format_duration(self.cancel_grace))?;
         for route in &self.routes {
             writeln!(f, "\n[[route]]")?;
             writeln!(f, "ingress = {:?}", route.ingress)?;
@@ -510,6 +537,7 @@ mod tests {
         assert_eq!(c.margin, Duration::from_millis(250));
         assert_eq!(c.max_delay, Duration::from_secs(366 * 86_400));
         assert_eq!(c.prefetch, 4000);
+        assert_eq!(c.cancel_grace, Duration::from_secs(86_400));
         assert_eq!(
             c.routes,
             vec![Route {
@@ -538,6 +566,8 @@ mod tests {
             "[bridge]",
             "prefetch =",
             "shutdown_timeout =",
+            "[cancel]",
+            "grace =",
             "[[route]]",
             "ingress =",
             "target =",
@@ -592,6 +622,7 @@ mod tests {
             ("[bridge]\nprefetch = 70000\n", "bridge.prefetch", "70000"),
             ("[broker]\nurl = \"http://x\"\n", "broker.url", "http://x"),
             ("[delays]\nladder = \"1s 1s\"\n", "delays.ladder", "1s"),
+            ("[cancel]\ngrace = \"a while\"\n", "cancel.grace", "a while"),
         ];
         for (extra, key, value) in cases {
             let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();

@@ -20,6 +20,10 @@ pub mod header {
     pub const DELAY: &str = "x-delay";
     /// An absolute due time: epoch milliseconds or an RFC 3339 string. Wins over `x-delay`.
     pub const DELIVER_AT: &str = "x-deliver-at";
+    /// When the publisher published the message, epoch ms (the typed client sets it). A
+    /// cancel drops the copies that entered before it: this header, when present, is when
+    /// the copy entered; otherwise the moment the bridge first read it.
+    pub const PUBLISHED_AT: &str = "x-published-at";
     /// Prefix of every header the bridge itself writes.
     pub const BRIDGE_PREFIX: &str = "delay-bridge-";
     /// Bridge state: the due time, epoch ms.
@@ -38,6 +42,9 @@ pub mod header {
     pub const STATE_HOPS: &str = "delay-bridge-hops";
     /// Bridge state: when the bridge first saw the message, epoch ms.
     pub const STATE_FIRST_SEEN: &str = "delay-bridge-first-seen";
+    /// Bridge state: when the copy entered, for cancellation (`x-published-at`, else first
+    /// seen), epoch ms.
+    pub const STATE_ENTERED_AT: &str = "delay-bridge-entered-at";
     /// On parked messages: the stable reason code.
     pub const REASON: &str = "delay-bridge-reason";
     /// On parked messages: a human explanation.
@@ -61,6 +68,8 @@ pub enum ParkReason {
     BadDelay,
     /// `x-deliver-at` is neither epoch milliseconds nor RFC 3339.
     BadDeliverAt,
+    /// `x-published-at` is not epoch milliseconds.
+    BadPublishedAt,
     /// The delay is above the configured maximum.
     DelayTooLong,
     /// The message came through an exchange that is no route's ingress.
@@ -83,6 +92,7 @@ impl ParkReason {
         match self {
             ParkReason::BadDelay => "bad-delay",
             ParkReason::BadDeliverAt => "bad-deliver-at",
+            ParkReason::BadPublishedAt => "bad-published-at",
             ParkReason::DelayTooLong => "delay-too-long",
             ParkReason::UnknownRoute => "unknown-route",
             ParkReason::BadState => "bad-state",
@@ -235,6 +245,8 @@ pub struct Envelope {
     pub hops: u32,
     /// When the bridge first saw the message, epoch ms.
     pub first_seen: u64,
+    /// When this copy entered, for cancellation: a cancel at or after this time drops it.
+    pub entered_at: u64,
     /// The publisher's properties without `expiration`, `user_id` and `delivery_mode`
     /// (see `stash`), and with no `x-death*` or `delay-bridge-*` headers.
     pub properties: Properties,
@@ -268,6 +280,11 @@ pub fn decode(
             )
         })?;
     let deliver_at = due_time(&headers, now_ms, intake.max_delay)?;
+    let entered_at = match headers.inner().get(header::PUBLISHED_AT) {
+        None => now_ms,
+        Some(value) => parse_published_at(value)
+            .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?,
+    };
     let (properties, stash) = split_publisher_properties(raw);
     Ok(Envelope {
         deliver_at,
@@ -275,6 +292,7 @@ pub fn decode(
         routing_key: incoming.routing_key.clone(),
         hops: 0,
         first_seen: now_ms,
+        entered_at,
         properties,
         stash,
     })
@@ -328,6 +346,10 @@ fn decode_in_flight(
     };
     let hops = int(header::STATE_HOPS)?.min(u64::from(u32::MAX)) as u32;
     let first_seen = int(header::STATE_FIRST_SEEN)?;
+    let entered_at = match get(header::STATE_ENTERED_AT) {
+        None => first_seen,
+        Some(_) => int(header::STATE_ENTERED_AT)?,
+    };
     let (properties, _) = split_publisher_properties(raw);
     Ok(Envelope {
         deliver_at,
@@ -335,6 +357,7 @@ fn decode_in_flight(
         routing_key,
         hops,
         first_seen,
+        entered_at,
         properties,
         stash,
     })
@@ -471,6 +494,33 @@ pub fn parse_deliver_at(value: &AMQPValue) -> Result<i64, String> {
     }
 }
 
+/// Reads `x-published-at`: epoch milliseconds as any integer type or a string of digits,
+/// from 2001 on (an earlier value is probably seconds).
+pub fn parse_published_at(value: &AMQPValue) -> Result<u64, String> {
+    let v = match as_integer(value) {
+        Some(v) => v,
+        None => as_text(value)
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse::<i64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "x-published-at must be epoch milliseconds (an integer), got {}",
+                    match value {
+                        AMQPValue::LongString(_) | AMQPValue::ShortString(_) =>
+                            format!("{:?}", as_text(value).unwrap_or_default()),
+                        other => type_name(other).to_string(),
+                    }
+                )
+            })?,
+    };
+    if v < EARLIEST_DELIVER_AT_MS {
+        return Err(format!(
+            "x-published-at {v} is before 2001 as epoch milliseconds (seconds instead of milliseconds?)"
+        ));
+    }
+    Ok(v as u64)
+}
+
 /// Any AMQP integer type, widened. `LongLongUInt` above `i64::MAX` saturates.
 fn as_integer(value: &AMQPValue) -> Option<i64> {
     Some(match value {
@@ -547,7 +597,7 @@ pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
         .as_ref()
         .map(|h| h.inner().clone())
         .unwrap_or_default();
-    let state: [(&str, Option<AMQPValue>); 8] = [
+    let state: [(&str, Option<AMQPValue>); 9] = [
         (
             header::STATE_DELIVER_AT,
             Some(AMQPValue::LongLongInt(envelope.deliver_at as i64)),
@@ -564,6 +614,10 @@ pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
         (
             header::STATE_FIRST_SEEN,
             Some(AMQPValue::LongLongInt(envelope.first_seen as i64)),
+        ),
+        (
+            header::STATE_ENTERED_AT,
+            Some(AMQPValue::LongLongInt(envelope.entered_at as i64)),
         ),
         (
             header::STATE_EXPIRATION,

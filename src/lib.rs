@@ -17,6 +17,7 @@
 
 pub mod amqp;
 pub mod bridge;
+pub mod cancel;
 pub mod config;
 pub mod contract;
 pub mod ladder;

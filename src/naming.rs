@@ -48,12 +48,21 @@ impl Names {
         format!("{}.parked", self.prefix)
     }
 
+    /// The stream of cancellations (tombstones) every instance reads (`<prefix>.cancel`).
+    pub fn cancel_stream(&self) -> String {
+        format!("{}.cancel", self.prefix)
+    }
+
     /// The longest name this prefix produces for the given levels, in bytes.
     pub fn longest_name_len<'a>(&self, levels: impl IntoIterator<Item = &'a Duration>) -> usize {
         levels
             .into_iter()
             .map(|l| self.level_queue(*l).len())
-            .chain([self.work_queue().len(), self.parked_queue().len()])
+            .chain([
+                self.work_queue().len(),
+                self.parked_queue().len(),
+                self.cancel_stream().len(),
+            ])
             .max()
             .unwrap_or(0)
     }

@@ -31,6 +31,8 @@ pub struct Topology {
     pub exchanges: Vec<String>,
     /// Queues in declaration order: work, parked, then the levels.
     pub queues: Vec<QueueSpec>,
+    /// The cancel stream (a stream queue, retention `max_delay + cancel.grace`).
+    pub cancel_stream: QueueSpec,
     /// (queue, exchange) bindings; fanout, so the routing key is empty.
     pub bindings: Vec<(String, String)>,
 }
@@ -140,9 +142,24 @@ impl Topology {
                 .iter()
                 .map(|r| (names.work_queue(), r.ingress.clone())),
         );
+        let keep = config.tombstone_keep();
+        let cancel_stream = QueueSpec {
+            name: names.cancel_stream(),
+            arguments: vec![
+                ("x-queue-type", text("stream")),
+                (
+                    "x-max-age",
+                    text(&format!(
+                        "{}s",
+                        keep.as_secs() + u64::from(keep.subsec_nanos() > 0)
+                    )),
+                ),
+            ],
+        };
         Self {
             exchanges,
             queues,
+            cancel_stream,
             bindings,
         }
     }
@@ -162,6 +179,7 @@ impl Topology {
         for (queue, exchange) in &self.bindings {
             bind(&channel, queue, exchange).await?;
         }
+        declare_queue(&channel, &self.cancel_stream).await?;
         for queue in &self.queues[2..] {
             declare_queue(&channel, queue).await?;
         }
@@ -173,7 +191,7 @@ impl Topology {
     /// Messages in them are lost: never run this against a bridge in service.
     pub async fn delete(&self, connection: &Connection) -> Result<(), lapin::Error> {
         let channel = connection.create_channel().await?;
-        for queue in self.queues.iter().rev() {
+        for queue in self.queues.iter().rev().chain([&self.cancel_stream]) {
             channel
                 .queue_delete(queue.name.as_str().into(), QueueDeleteOptions::default())
                 .await?;
@@ -314,6 +332,13 @@ mod tests {
         );
         assert!(t.bindings.contains(&("p.work".into(), "in".into())));
         assert!(t.bindings.contains(&("p.work".into(), "p.work".into())));
+        assert_eq!(t.cancel_stream.name, "p.cancel");
+        assert_eq!(arg(&t.cancel_stream, "x-queue-type"), Some(&text("stream")));
+        // retention: max delay (366d) + grace (1d), in seconds
+        assert_eq!(
+            arg(&t.cancel_stream, "x-max-age"),
+            Some(&text(&format!("{}s", 367 * 86_400)))
+        );
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! reconnect with backoff when the broker goes away. Runs until its shutdown token fires.
 
 pub mod acks;
+mod cancels;
 mod worker;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
@@ -13,6 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, ConnectError};
+use crate::cancel::TombstoneSet;
 use crate::config::Config;
 use crate::topology::{Topology, TopologyError};
 
@@ -76,6 +78,10 @@ pub struct Stats {
     pub nacks: AtomicU64,
     /// Sessions that ended with an error and were reconnected.
     pub reconnects: AtomicU64,
+    /// Copies dropped because their message was cancelled.
+    pub cancelled: AtomicU64,
+    /// Live tombstones in memory now.
+    pub tombstones: AtomicU64,
 }
 
 impl Stats {
@@ -91,6 +97,10 @@ struct Shared {
     topology: Topology,
     bridge_user: String,
     stats: Arc<Stats>,
+    /// The live cancellations, shared by the stream follower and the message tasks.
+    tombstones: Mutex<TombstoneSet>,
+    /// Where the cancel-stream follower resumes after a reconnect (`None`: from the start).
+    stream_next_offset: Mutex<Option<u64>>,
 }
 
 /// A bridge, ready to run.
@@ -104,12 +114,15 @@ impl Bridge {
     pub fn new(config: Config) -> Self {
         let topology = Topology::from_config(&config);
         let bridge_user = config.url.user();
+        let tombstones = TombstoneSet::new(config.tombstone_keep().as_millis() as u64);
         Self {
             shared: Arc::new(Shared {
                 config,
                 topology,
                 bridge_user,
                 stats: Arc::new(Stats::default()),
+                tombstones: Mutex::new(tombstones),
+                stream_next_offset: Mutex::new(None),
             }),
             ready_tx: watch::channel(false).0,
         }
@@ -120,8 +133,8 @@ impl Bridge {
         self.shared.stats.clone()
     }
 
-    /// Becomes `true` once the topology is declared and the work queue is consumed, and
-    /// `false` while reconnecting.
+    /// Becomes `true` once the topology is declared, the cancel stream is read up to date
+    /// and the work queue is consumed, and `false` while reconnecting.
     pub fn ready(&self) -> watch::Receiver<bool> {
         self.ready_tx.subscribe()
     }

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckOp, AckTracker};
+use super::cancels;
 use super::{BridgeError, Shared, now_ms};
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::{self, Published};
@@ -71,6 +72,9 @@ pub(super) async fn run_session(
     let publish = amqp::confirm_channel(&connection)
         .await
         .map_err(BridgeError::broker("opening the publisher channel"))?;
+    let stop = CancellationToken::new();
+    let _stop_tasks_on_exit = stop.clone().drop_guard();
+    let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
     let work_queue = config.names.work_queue();
     let consumer_tag = format!("delay-bridge-{}", std::process::id());
     let mut consumer = consume
@@ -86,7 +90,6 @@ pub(super) async fn run_session(
     tracing::info!(queue = %work_queue, prefetch = config.prefetch, "consuming");
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let stop = CancellationToken::new();
     let task = Task {
         shared: shared.clone(),
         publish,
@@ -94,7 +97,6 @@ pub(super) async fn run_session(
         events: events_tx,
         stop: stop.clone(),
     };
-    let _stop_tasks_on_exit = stop.clone().drop_guard();
     let result = session_loop(
         &shared,
         &consume,
@@ -104,6 +106,7 @@ pub(super) async fn run_session(
         &stop,
         &mut events,
         shutdown,
+        follower,
     )
     .await;
     stop.cancel();
@@ -130,8 +133,10 @@ async fn session_loop(
     stop: &CancellationToken,
     events: &mut mpsc::UnboundedReceiver<Event>,
     shutdown: &CancellationToken,
+    mut follower: tokio::task::JoinHandle<Result<(), BridgeError>>,
 ) -> Result<(), BridgeError> {
     let config = &shared.config;
+    let mut following = true;
     let mut tracker = AckTracker::new();
     let mut consuming = true;
     let mut drain_deadline = None;
@@ -179,6 +184,14 @@ async fn session_loop(
                     };
                     let _ = task.events.send(event);
                 });
+            }
+            ended = &mut follower, if following => {
+                following = false;
+                match ended {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(e) => return Err(BridgeError::ConsumerEnded(format!("the cancel-stream follower failed: {e}"))),
+                }
             }
             _ = shutdown.cancelled(), if consuming => {
                 consuming = false;
@@ -263,6 +276,9 @@ impl Task {
             Err(parked) => return self.park(&delivery, &delivery.routing_key, parked).await,
         };
         loop {
+            if self.cancelled(&envelope) {
+                return Outcome::Done;
+            }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
                 Step::Hop(level) => return self.hop(&delivery, &envelope, level).await,
                 Step::Hold(rest) => {
@@ -275,6 +291,30 @@ impl Task {
                 Step::Deliver => return self.deliver(&delivery, &envelope).await,
             }
         }
+    }
+
+    /// True when a tombstone covers this copy: it is dropped (acked with nothing replacing
+    /// it), at its next hop or before its delivery.
+    fn cancelled(&self, envelope: &Envelope) -> bool {
+        let Some(id) = envelope.properties.message_id.as_ref() else {
+            return false;
+        };
+        let dropped = self
+            .shared
+            .tombstones
+            .lock()
+            .expect("tombstone lock")
+            .cancels(id.as_str(), envelope.entered_at);
+        if dropped {
+            self.shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                message_id = %id,
+                hops = envelope.hops,
+                due_in_ms = envelope.deliver_at as i64 - now_ms() as i64,
+                "cancelled: dropped"
+            );
+        }
+        dropped
     }
 
     async fn hop(&self, delivery: &Delivery, envelope: &Envelope, level: Duration) -> Outcome {

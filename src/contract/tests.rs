@@ -578,3 +578,57 @@ fn properties_round_trip_through_plain_data() {
     let p = rich_properties();
     assert_eq!(BasicProperties::from(Properties::from(&p)), p);
 }
+
+#[test]
+fn a_copy_entered_when_published_or_else_when_first_read() {
+    let read_now = decode_with("in", &BasicProperties::default()).unwrap();
+    assert_eq!(read_now.entered_at, NOW, "no x-published-at: first read");
+    let published = NOW - 7_000;
+    for value in [
+        AMQPValue::LongLongInt(published as i64),
+        ls(&published.to_string()),
+    ] {
+        let env = decode_with(
+            "in",
+            &with_headers(vec![(header::PUBLISHED_AT, value.clone())]),
+        )
+        .unwrap();
+        assert_eq!(env.entered_at, published, "{value:?}");
+        // carried through a level, and the header itself stays the publisher's
+        let back = decode_with(WORK, &through_level(&hop_properties(&env))).unwrap();
+        assert_eq!(back.entered_at, published);
+        assert_eq!(back.first_seen, NOW);
+        let delivered = delivery_properties(&back, "guest");
+        assert_eq!(header(&delivered, header::PUBLISHED_AT), Some(&value));
+        assert_eq!(header(&delivered, header::STATE_ENTERED_AT), None);
+    }
+}
+
+#[test]
+fn a_bad_published_at_is_parked_with_a_reason() {
+    for (value, words) in [
+        (ls("yesterday"), "epoch milliseconds"),
+        (AMQPValue::LongLongInt(1_700_000_000), "seconds instead"),
+        (AMQPValue::Boolean(true), "a boolean"),
+    ] {
+        let err =
+            decode_with("in", &with_headers(vec![(header::PUBLISHED_AT, value)])).unwrap_err();
+        assert_eq!(err.reason, ParkReason::BadPublishedAt);
+        assert!(err.detail.contains(words), "{}", err.detail);
+    }
+}
+
+#[test]
+fn in_flight_copies_from_before_entered_at_existed_use_first_seen() {
+    let env = decode_with("in", &BasicProperties::default()).unwrap();
+    let mut p = Properties::from(&hop_properties(&env));
+    let mut h = p.headers.take().unwrap().inner().clone();
+    h.remove(header::STATE_ENTERED_AT);
+    h.insert(
+        header::STATE_FIRST_SEEN.into(),
+        AMQPValue::LongLongInt(NOW as i64 - 5),
+    );
+    p.headers = Some(FieldTable::from(h));
+    let back = decode_with(WORK, &p.into()).unwrap();
+    assert_eq!(back.entered_at, NOW - 5);
+}

@@ -1,0 +1,409 @@
+//! Cancellation, pure: the tombstone format of the cancel stream and the in-memory set of
+//! live tombstones.
+//!
+//! A cancel appends a flat tombstone `(message_id, cancelled_at)` to the cancel stream. Every
+//! bridge instance reads the stream from its start and keeps the live tombstones in a
+//! [`TombstoneSet`]; a copy of a message whose id has a tombstone is dropped when it *entered*
+//! (see [`crate::contract::header::PUBLISHED_AT`]) at or before `cancelled_at`. A later copy
+//! with the same id (a reschedule) lives. A tombstone leaves memory once no copy it covers can
+//! still be pending: `cancelled_at + max_delay + grace`.
+//!
+//! Stream entries carry no tables or arrays (a stream does not keep them): the id is the
+//! `message_id` property, the rest are flat headers.
+
+use std::collections::{BTreeSet, HashMap};
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+/// Header names of cancel-stream entries.
+pub mod header {
+    /// What the entry is: [`super::KIND_CANCEL`] or [`super::KIND_SYNC`].
+    pub const KIND: &str = "delay-bridge-kind";
+    /// On a tombstone: when the cancel was made, epoch ms (an integer).
+    pub const CANCELLED_AT: &str = "delay-bridge-cancelled-at";
+}
+
+/// `delay-bridge-kind` of a tombstone.
+pub const KIND_CANCEL: &str = "cancel";
+/// `delay-bridge-kind` of a catch-up marker (a bridge appends one at boot and reads up to it).
+pub const KIND_SYNC: &str = "sync";
+
+/// A cancellation: drop every copy of `message_id` that entered at or before `cancelled_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tombstone {
+    /// The `message_id` of the message to cancel.
+    pub message_id: String,
+    /// When the cancel was made, epoch ms.
+    pub cancelled_at: u64,
+}
+
+/// One entry read from the cancel stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEntry {
+    /// A cancellation.
+    Cancel(Tombstone),
+    /// A catch-up marker with its token.
+    Sync(String),
+    /// Something else; the text says what is wrong with it. Skipped (and logged).
+    Invalid(String),
+}
+
+/// Why a message id cannot be cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageIdError {
+    /// The id is empty.
+    #[error("a message id cannot be empty")]
+    Empty,
+    /// The id does not fit AMQP's `message_id` (a short string).
+    #[error("message id of {0} bytes is longer than AMQP's 255-byte limit")]
+    TooLong(usize),
+}
+
+/// Checks a message id and makes it an AMQP short string.
+pub fn message_id(id: &str) -> Result<ShortString, MessageIdError> {
+    if id.is_empty() {
+        return Err(MessageIdError::Empty);
+    }
+    ShortString::try_new(id.to_string()).map_err(|_| MessageIdError::TooLong(id.len()))
+}
+
+fn entry_properties(message_id: ShortString, headers: Vec<(&str, AMQPValue)>) -> BasicProperties {
+    let mut table = FieldTable::default();
+    for (k, v) in headers {
+        table.insert(ShortString::from(k), v);
+    }
+    BasicProperties::default()
+        .with_message_id(message_id)
+        .with_delivery_mode(crate::contract::PERSISTENT)
+        .with_headers(table)
+}
+
+/// The properties of a tombstone entry (the body is empty).
+pub fn tombstone_properties(message_id: ShortString, cancelled_at: u64) -> BasicProperties {
+    entry_properties(
+        message_id,
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_CANCEL)),
+            ),
+            (
+                header::CANCELLED_AT,
+                AMQPValue::LongLongInt(cancelled_at as i64),
+            ),
+        ],
+    )
+}
+
+/// The properties of a catch-up marker with this token (the body is empty).
+pub fn sync_properties(token: ShortString) -> BasicProperties {
+    entry_properties(
+        token,
+        vec![(
+            header::KIND,
+            AMQPValue::LongString(LongString::from(KIND_SYNC)),
+        )],
+    )
+}
+
+/// Reads a stream entry from its properties.
+pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
+    let headers = properties.headers().as_ref();
+    let get = |name: &str| headers.and_then(|h| h.inner().get(name));
+    let text = |v: &AMQPValue| match v {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    };
+    let Some(kind) = get(header::KIND).and_then(text) else {
+        return StreamEntry::Invalid(format!("no `{}` header", header::KIND));
+    };
+    let id = properties
+        .message_id()
+        .as_ref()
+        .map(|m| m.as_str().to_string())
+        .filter(|m| !m.is_empty());
+    match (kind.as_str(), id) {
+        (KIND_SYNC, Some(token)) => StreamEntry::Sync(token),
+        (KIND_CANCEL, Some(message_id)) => {
+            let cancelled_at = match get(header::CANCELLED_AT) {
+                Some(AMQPValue::LongLongInt(v)) if *v >= 0 => *v as u64,
+                Some(AMQPValue::LongInt(v)) if *v >= 0 => *v as u64,
+                Some(AMQPValue::LongUInt(v)) => u64::from(*v),
+                _ => {
+                    return StreamEntry::Invalid(format!(
+                        "tombstone for `{message_id}` has no integer `{}`",
+                        header::CANCELLED_AT
+                    ));
+                }
+            };
+            StreamEntry::Cancel(Tombstone {
+                message_id,
+                cancelled_at,
+            })
+        }
+        (KIND_SYNC | KIND_CANCEL, None) => {
+            StreamEntry::Invalid(format!("`{kind}` entry without a message_id"))
+        }
+        (other, _) => StreamEntry::Invalid(format!("unknown entry kind `{other}`")),
+    }
+}
+
+/// What [`TombstoneSet::insert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// A new live tombstone.
+    New,
+    /// The id had a tombstone; this later cancel now covers later copies too.
+    Extended,
+    /// The id already had this or a later cancel: nothing changed.
+    Covered,
+    /// Too old: every copy it covers is past its latest due time.
+    Expired,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    cancelled_at: u64,
+    /// Copies this instance dropped because of it.
+    dropped: u64,
+}
+
+/// A tombstone that left memory, and whether it ever dropped a copy here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The cancelled id.
+    pub message_id: String,
+    /// Copies this instance dropped for it (0: already delivered, unknown, or dropped by
+    /// another instance).
+    pub dropped: u64,
+}
+
+/// The live tombstones, bounded by time: each leaves at `cancelled_at + keep_ms`, where
+/// `keep_ms` is the longest a covered copy can still be pending (max delay plus a grace).
+#[derive(Debug, Clone)]
+pub struct TombstoneSet {
+    keep_ms: u64,
+    live: HashMap<String, Live>,
+    /// (expires at, id), to expire in order.
+    by_expiry: BTreeSet<(u64, String)>,
+}
+
+impl TombstoneSet {
+    /// An empty set whose tombstones live `keep_ms` after their cancel.
+    pub fn new(keep_ms: u64) -> Self {
+        Self {
+            keep_ms,
+            live: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+        }
+    }
+
+    /// How long a tombstone is kept after its cancel, ms.
+    pub fn keep_ms(&self) -> u64 {
+        self.keep_ms
+    }
+
+    /// Adds a tombstone read at `now_ms`.
+    pub fn insert(&mut self, tombstone: Tombstone, now_ms: u64) -> Inserted {
+        let expires_at = tombstone.cancelled_at.saturating_add(self.keep_ms);
+        if expires_at <= now_ms {
+            return Inserted::Expired;
+        }
+        match self.live.get_mut(&tombstone.message_id) {
+            Some(live) if live.cancelled_at >= tombstone.cancelled_at => Inserted::Covered,
+            Some(live) => {
+                let old = live.cancelled_at.saturating_add(self.keep_ms);
+                live.cancelled_at = tombstone.cancelled_at;
+                self.by_expiry.remove(&(old, tombstone.message_id.clone()));
+                self.by_expiry.insert((expires_at, tombstone.message_id));
+                Inserted::Extended
+            }
+            None => {
+                self.by_expiry
+                    .insert((expires_at, tombstone.message_id.clone()));
+                self.live.insert(
+                    tombstone.message_id,
+                    Live {
+                        cancelled_at: tombstone.cancelled_at,
+                        dropped: 0,
+                    },
+                );
+                Inserted::New
+            }
+        }
+    }
+
+    /// True when the copy of `message_id` that entered at `entered_at` is cancelled. Counts
+    /// the drop against the tombstone.
+    pub fn cancels(&mut self, message_id: &str, entered_at: u64) -> bool {
+        match self.live.get_mut(message_id) {
+            Some(live) if entered_at <= live.cancelled_at => {
+                live.dropped += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes the tombstones whose covered copies can no longer be pending at `now_ms`.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Expired> {
+        let mut gone = Vec::new();
+        while let Some(first) = self.by_expiry.first() {
+            if first.0 > now_ms {
+                break;
+            }
+            let (_, id) = self.by_expiry.pop_first().expect("first exists");
+            let dropped = self.live.remove(&id).map_or(0, |l| l.dropped);
+            gone.push(Expired {
+                message_id: id,
+                dropped,
+            });
+        }
+        gone
+    }
+
+    /// When the next tombstone expires, epoch ms.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.by_expiry.first().map(|(at, _)| *at)
+    }
+
+    /// How many tombstones are live.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// True when no tombstone is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn t(id: &str, at: u64) -> Tombstone {
+        Tombstone {
+            message_id: id.into(),
+            cancelled_at: at,
+        }
+    }
+
+    #[test]
+    fn copies_that_entered_before_the_cancel_are_dropped_later_ones_live() {
+        let mut set = TombstoneSet::new(10_000);
+        assert_eq!(set.insert(t("order-1", 1_000), 1_000), Inserted::New);
+        assert!(set.cancels("order-1", 999));
+        assert!(set.cancels("order-1", 1_000), "same millisecond: cancelled");
+        assert!(!set.cancels("order-1", 1_001), "a reschedule's copy lives");
+        assert!(!set.cancels("order-2", 0), "other ids are untouched");
+    }
+
+    #[test]
+    fn a_later_cancel_extends_an_earlier_one_and_an_earlier_is_covered() {
+        let mut set = TombstoneSet::new(10_000);
+        set.insert(t("a", 1_000), 1_000);
+        assert_eq!(set.insert(t("a", 500), 1_000), Inserted::Covered);
+        assert!(!set.cancels("a", 1_500));
+        assert_eq!(set.insert(t("a", 2_000), 2_000), Inserted::Extended);
+        assert!(set.cancels("a", 1_500));
+        assert_eq!(set.len(), 1);
+        // expiry follows the latest cancel
+        assert!(set.expire(11_000).is_empty());
+        assert_eq!(set.next_expiry(), Some(12_000));
+        assert_eq!(set.expire(12_000).len(), 1);
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn tombstones_leave_once_nothing_they_cover_can_be_pending() {
+        let mut set = TombstoneSet::new(5_000);
+        set.insert(t("a", 1_000), 1_000);
+        set.insert(t("b", 2_000), 2_000);
+        assert!(set.cancels("a", 900));
+        assert_eq!(set.expire(5_999), vec![]);
+        assert_eq!(
+            set.expire(6_000),
+            vec![Expired {
+                message_id: "a".into(),
+                dropped: 1
+            }]
+        );
+        assert_eq!(
+            set.expire(60_000),
+            vec![Expired {
+                message_id: "b".into(),
+                dropped: 0
+            }]
+        );
+        assert_eq!(
+            set.insert(t("c", 1_000), 6_000),
+            Inserted::Expired,
+            "an old tombstone read at boot is not kept"
+        );
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn entries_round_trip_and_bad_ones_say_why() {
+        let props = tombstone_properties(message_id("order-9").unwrap(), 1_700_000_000_123);
+        assert_eq!(
+            read_entry(&props),
+            StreamEntry::Cancel(t("order-9", 1_700_000_000_123))
+        );
+        let sync = sync_properties("tok".into());
+        assert_eq!(read_entry(&sync), StreamEntry::Sync("tok".into()));
+        let bare = BasicProperties::default().with_message_id("x".into());
+        assert!(
+            matches!(read_entry(&bare), StreamEntry::Invalid(m) if m.contains("delay-bridge-kind"))
+        );
+        let mut table = FieldTable::default();
+        table.insert(header::KIND.into(), AMQPValue::LongString("cancel".into()));
+        let no_time = BasicProperties::default()
+            .with_message_id("x".into())
+            .with_headers(table);
+        assert!(
+            matches!(read_entry(&no_time), StreamEntry::Invalid(m) if m.contains("cancelled-at"))
+        );
+        assert_eq!(message_id(""), Err(MessageIdError::Empty));
+        assert_eq!(
+            message_id(&"x".repeat(256)),
+            Err(MessageIdError::TooLong(256))
+        );
+    }
+
+    proptest! {
+        /// The set agrees with a naive model: an id is cancelled for `entered` when the
+        /// latest unexpired cancel for it is at or after `entered`; the size never exceeds
+        /// the ids cancelled within the keep window.
+        #[test]
+        fn matches_a_naive_model(
+            ops in proptest::collection::vec((0u8..5, 0u64..100_000, 0u64..100_000), 1..200),
+            keep in 1u64..50_000,
+        ) {
+            let mut set = TombstoneSet::new(keep);
+            let mut model: HashMap<String, u64> = HashMap::new();
+            let mut now = 0u64;
+            for (id, at, probe) in ops {
+                now += at % 1_000;
+                let id = format!("m{id}");
+                let cancelled_at = now.saturating_sub(at % 3_000);
+                set.insert(t(&id, cancelled_at), now);
+                if cancelled_at + keep > now {
+                    let e = model.entry(id.clone()).or_insert(cancelled_at);
+                    *e = (*e).max(cancelled_at);
+                }
+                set.expire(now);
+                model.retain(|_, c| *c + keep > now);
+                let entered = probe % (now + 1);
+                let want = model.get(&id).is_some_and(|c| entered <= *c);
+                prop_assert_eq!(set.cancels(&id, entered), want);
+                prop_assert_eq!(set.len(), model.len());
+                prop_assert_eq!(set.by_expiry.len(), set.live.len());
+            }
+        }
+    }
+}
