@@ -18,6 +18,7 @@
 pub mod amqp;
 pub mod bridge;
 pub mod cancel;
+pub mod client;
 pub mod config;
 pub mod contract;
 pub mod ladder;

@@ -12,6 +12,7 @@ use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
 mod demo;
+mod schedule_cmd;
 
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
 ///
@@ -68,6 +69,27 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
+    /// Schedule one message through the bridge (waits for the broker's confirm).
+    Schedule {
+        /// The message id (the handle to cancel or reschedule it); default: a new UUID.
+        #[arg(long)]
+        message_id: Option<String>,
+        #[command(flatten)]
+        args: schedule_cmd::ScheduleArgs,
+    },
+    /// Cancel a scheduled message: every pending copy of this id published before now is
+    /// dropped. A delivered or unknown id is a harmless no-op.
+    Cancel {
+        /// The message id to cancel.
+        message_id: String,
+    },
+    /// Move a scheduled message to a new time: cancel its id, then schedule it again.
+    Reschedule {
+        /// The message id to move.
+        message_id: String,
+        #[command(flatten)]
+        args: schedule_cmd::ScheduleArgs,
+    },
 }
 
 fn main() -> Result<()> {
@@ -99,6 +121,18 @@ fn main() -> Result<()> {
             margin,
         } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
         Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
+        Command::Schedule { message_id, args } => {
+            let config = load(&cli)?;
+            runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
+        }
+        Command::Cancel { message_id } => {
+            let config = load(&cli)?;
+            runtime()?.block_on(schedule_cmd::cancel(&config, message_id))
+        }
+        Command::Reschedule { message_id, args } => {
+            let config = load(&cli)?;
+            runtime()?.block_on(schedule_cmd::reschedule(&config, message_id, args))
+        }
         Command::CheckConfig => {
             let config = load(&cli)?;
             println!("# {}: valid", cli.config.display());

@@ -84,6 +84,10 @@ pub struct Setup<'a> {
     pub prefetch: u32,
     /// `classic` or `quorum`.
     pub queue_type: &'a str,
+    /// `delays.max_delay`.
+    pub max_delay: &'a str,
+    /// `cancel.grace`.
+    pub cancel_grace: &'a str,
 }
 
 impl<'a> Setup<'a> {
@@ -96,6 +100,8 @@ impl<'a> Setup<'a> {
             start_bridge: true,
             prefetch: 4000,
             queue_type: "classic",
+            max_delay: "366d",
+            cancel_grace: "1d",
         }
     }
 }
@@ -131,6 +137,13 @@ impl World {
             .replace(
                 "[topology]\n",
                 &format!("[topology]\nqueue_type = \"{}\"\n", setup.queue_type),
+            )
+            .replace(
+                "max_delay = \"366d\"",
+                &format!(
+                    "max_delay = \"{}\"\n[cancel]\ngrace = \"{}\"",
+                    setup.max_delay, setup.cancel_grace
+                ),
             );
         let config = Config::from_toml(&text, "<test>", &[]).expect("test config is valid");
         let conn = Arc::new(connect().await);
@@ -186,6 +199,15 @@ impl World {
 
     /// Starts the bridge in process and waits until it consumes.
     pub async fn start_bridge(&mut self) {
+        let (token, handle, stats) = self.spawn_bridge().await;
+        self.bridge = Some((token, handle, stats));
+    }
+
+    /// Starts one more bridge instance in process on this world's config (the caller stops
+    /// it with the token) and waits until it is ready.
+    pub async fn spawn_bridge(
+        &self,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<Stats>) {
         let bridge = Bridge::new(self.config.clone());
         let stats = bridge.stats();
         let mut ready = bridge.ready();
@@ -198,7 +220,44 @@ impl World {
             .await
             .expect("bridge ready within 20s")
             .unwrap();
-        self.bridge = Some((token, handle, stats));
+        (token, handle, stats)
+    }
+
+    /// A typed client for this world's bridge.
+    pub async fn client(&self) -> delay_bridge::client::Client {
+        delay_bridge::client::Client::connect(&broker_url(), &self.prefix)
+            .await
+            .expect("client connects")
+    }
+
+    /// Messages ready in a queue now.
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let channel = self.conn.create_channel().await.unwrap();
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "depth".into()).await;
+        q.message_count()
+    }
+
+    /// Messages in the work queue and every level queue (ready; the bridge's unacked ones
+    /// are not counted).
+    pub async fn pending_in_queues(&self) -> u32 {
+        let mut total = self.queue_depth(&self.config.names.work_queue()).await;
+        for level in self.config.ladder.levels() {
+            total += self
+                .queue_depth(&self.config.names.level_queue(*level))
+                .await;
+        }
+        total
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -420,6 +479,20 @@ pub async fn publish_to(
         .unwrap();
     assert!(confirm.is_ack(), "publish confirmed");
     at
+}
+
+/// Waits until `condition` holds, checking every 5 ms, panicking with `what` at the deadline.
+pub async fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Reads a counter.
+pub fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 pub fn headers(entries: Vec<(&str, AMQPValue)>) -> FieldTable {

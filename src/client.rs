@@ -1,0 +1,398 @@
+//! A typed client: schedule a message after a delay or at an absolute time, cancel it,
+//! reschedule it. Every call waits for the broker's publisher confirm and returns a typed
+//! error; nothing is fire-and-forget.
+//!
+//! Scheduling publishes to a route's **ingress exchange** (any exchange works for the
+//! broker; the bridge only takes messages from its configured ingresses) with `x-delay` or
+//! `x-deliver-at`, a `message_id` (generated when absent) and `x-published-at`. Cancelling
+//! appends a tombstone to the bridge's cancel stream, `<prefix>.cancel`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use delay_bridge::client::{Client, Message, When};
+//!
+//! # async fn example() -> Result<(), delay_bridge::client::ClientError> {
+//! let client = Client::connect("amqp://guest:guest@127.0.0.1:5672/%2f", "delay-bridge").await?;
+//! // Remind in 30 minutes, unless the order is paid first.
+//! let reminder = Message::new("delayed", "orders.reminder", b"order 42 unpaid".to_vec())
+//!     .with_message_id("reminder-order-42");
+//! let scheduled = client.schedule(reminder.clone(), When::After(Duration::from_secs(1800))).await?;
+//! println!("due at {} (epoch ms)", scheduled.deliver_at);
+//!
+//! // The customer asked for more time: deliver in 2 hours instead.
+//! client.reschedule(reminder, When::After(Duration::from_secs(7200))).await?;
+//!
+//! // The order was paid: the reminder must not go out.
+//! let cancelled = client.cancel("reminder-order-42").await?;
+//! println!("cancelled at {}", cancelled.cancelled_at);
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Connection};
+use thiserror::Error;
+
+use crate::amqp::targets::TargetChannels;
+use crate::amqp::{self, ConnectError, Published};
+use crate::bridge::now_ms;
+use crate::cancel::{MessageIdError, message_id, tombstone_properties};
+use crate::config::{BrokerUrl, ConfigError};
+use crate::contract::header;
+use crate::naming::Names;
+
+/// Why a client call failed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The URL is not an `amqp://` or `amqps://` URL.
+    #[error(transparent)]
+    Url(#[from] ConfigError),
+    /// Connecting failed.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The message id is empty or too long.
+    #[error(transparent)]
+    MessageId(#[from] MessageIdError),
+    /// A reschedule needs the id of the message it replaces.
+    #[error("rescheduling needs the message's id: set it with Message::with_message_id")]
+    NoMessageId,
+    /// An exchange or routing key is longer than AMQP's 255 bytes.
+    #[error("{what} `{name}…` is longer than AMQP's 255-byte limit")]
+    NameTooLong {
+        /// "exchange" or "routing key".
+        what: &'static str,
+        /// Its first 40 characters.
+        name: String,
+    },
+    /// The exchange does not exist (the broker closed the channel with 404).
+    #[error(
+        "exchange `{exchange}` does not exist: is it a route's ingress, and has the bridge started once?"
+    )]
+    ExchangeMissing {
+        /// The exchange published to.
+        exchange: String,
+    },
+    /// The exchange took the message but routed it to no queue: nothing would deliver it.
+    #[error(
+        "exchange `{exchange}` routed routing key `{routing_key}` to no queue ({code} {text}): is it a route's ingress?"
+    )]
+    Unroutable {
+        /// The exchange published to.
+        exchange: String,
+        /// The routing key.
+        routing_key: String,
+        /// The broker's reply code.
+        code: u16,
+        /// The broker's reply text.
+        text: String,
+    },
+    /// The cancel stream does not exist: the bridge with this prefix never started.
+    #[error(
+        "the cancel stream `{stream}` does not exist: start the bridge with prefix `{prefix}` once, or check the prefix"
+    )]
+    NoCancelStream {
+        /// The stream's name.
+        stream: String,
+        /// The prefix the client was given.
+        prefix: String,
+    },
+    /// The broker refused the publish (a nack, for example a full queue).
+    #[error(
+        "the broker refused the publish to `{exchange}` (nack); nothing was scheduled or cancelled"
+    )]
+    Refused {
+        /// The exchange published to ("" for the cancel stream).
+        exchange: String,
+    },
+    /// Any other broker or connection error.
+    #[error("{what}: {source}")]
+    Broker {
+        /// What the client was doing.
+        what: &'static str,
+        /// The client error.
+        source: lapin::Error,
+    },
+}
+
+/// When a scheduled message is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// After this delay (`x-delay`, counted by the bridge from when it first reads the
+    /// message).
+    After(Duration),
+    /// At this instant (`x-deliver-at`, epoch ms). A past instant delivers at once.
+    At(SystemTime),
+}
+
+/// A message to schedule: where it goes when due, and what it carries.
+#[derive(Debug, Clone)]
+pub struct Message {
+    exchange: String,
+    routing_key: String,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    /// Set by `with_message_id`; wins over the properties' `message_id`.
+    id: Option<String>,
+}
+
+impl Message {
+    /// A message published to `exchange` (a route's ingress) with `routing_key`; when due,
+    /// the bridge publishes it to the route's target with this routing key.
+    pub fn new(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        body: impl Into<Vec<u8>>,
+    ) -> Self {
+        Self {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            body: body.into(),
+            properties: BasicProperties::default(),
+            id: None,
+        }
+    }
+
+    /// Sets every AMQP property (headers included); they are delivered as set.
+    pub fn with_properties(mut self, properties: BasicProperties) -> Self {
+        self.properties = properties;
+        self
+    }
+
+    /// Sets the `message_id`, the handle for cancel and reschedule (an invalid id is
+    /// reported by the call that publishes).
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The `message_id`, if set.
+    pub fn message_id(&self) -> Option<&str> {
+        self.id
+            .as_deref()
+            .or_else(|| self.properties.message_id().as_ref().map(|m| m.as_str()))
+    }
+}
+
+/// What a confirmed schedule returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    /// The message's id (generated when the message had none).
+    pub message_id: String,
+    /// `x-published-at`: when it was published, epoch ms (a cancel after this drops it).
+    pub published_at: u64,
+    /// When it is due, epoch ms, by this client's clock.
+    pub deliver_at: u64,
+}
+
+/// What a confirmed cancel returns. The tombstone is durable in the stream: every bridge
+/// instance drops any still-pending copy of the id published before `cancelled_at`. If
+/// the message was already delivered, or the id is unknown, the cancel is a harmless no-op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancelled {
+    /// The cancelled id.
+    pub message_id: String,
+    /// When the cancel was made, epoch ms.
+    pub cancelled_at: u64,
+}
+
+/// A connection to the broker for scheduling and cancelling through a bridge's topology.
+pub struct Client {
+    connection: Arc<Connection>,
+    channels: TargetChannels,
+    names: Names,
+}
+
+impl Client {
+    /// Connects to `url` for the bridge whose topology prefix is `prefix`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, ClientError> {
+        let url = BrokerUrl::parse(url)?;
+        let connection = Arc::new(amqp::connect(&url, "delay-bridge client").await?);
+        Ok(Self {
+            channels: TargetChannels::new(connection.clone()),
+            connection,
+            names: Names::new(prefix),
+        })
+    }
+
+    /// Publishes `message` to be delivered `when`; returns once the broker confirmed it.
+    pub async fn schedule(&self, message: Message, when: When) -> Result<Scheduled, ClientError> {
+        self.schedule_after_cancel(message, when, None).await
+    }
+
+    /// Cancels every pending copy of `message_id` published before now; returns once the
+    /// tombstone is confirmed. Cancelling a delivered or unknown id is a harmless no-op.
+    pub async fn cancel(&self, message_id: &str) -> Result<Cancelled, ClientError> {
+        let id = crate::cancel::message_id(message_id)?;
+        let cancelled_at = now_ms();
+        let stream = self.names.cancel_stream();
+        let outcome = self
+            .publish("", &stream, b"", tombstone_properties(id, cancelled_at))
+            .await?;
+        match outcome {
+            Published::Routed => Ok(Cancelled {
+                message_id: message_id.to_string(),
+                cancelled_at,
+            }),
+            Published::Returned { .. } => Err(ClientError::NoCancelStream {
+                stream,
+                prefix: self.names.prefix().to_string(),
+            }),
+            Published::Nacked => Err(ClientError::Refused {
+                exchange: String::new(),
+            }),
+        }
+    }
+
+    /// Moves a message to a new time: cancels the pending copy of its id, then publishes
+    /// this one (same id), which lives. Later or earlier both work.
+    pub async fn reschedule(&self, message: Message, when: When) -> Result<Scheduled, ClientError> {
+        let id = message.message_id().ok_or(ClientError::NoMessageId)?;
+        let cancelled = self.cancel(id).await?;
+        self.schedule_after_cancel(message, when, Some(cancelled.cancelled_at))
+            .await
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.channels.close_all().await;
+        self.connection
+            .close(200, "delay-bridge client closing".into())
+            .await
+            .map_err(|source| ClientError::Broker {
+                what: "closing",
+                source,
+            })
+    }
+
+    async fn schedule_after_cancel(
+        &self,
+        message: Message,
+        when: When,
+        cancelled_at: Option<u64>,
+    ) -> Result<Scheduled, ClientError> {
+        let id = match message.message_id() {
+            Some(id) => id.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let id_short = message_id(&id)?;
+        // Strictly after the cancel it follows, even on a clock that did not move.
+        let published_at = now_ms().max(cancelled_at.map_or(0, |c| c + 1));
+        let (name, value, deliver_at) = match when {
+            When::After(delay) => {
+                let ms = delay.as_millis().min(i64::MAX as u128) as i64;
+                (
+                    header::DELAY,
+                    AMQPValue::LongLongInt(ms),
+                    published_at.saturating_add(ms as u64),
+                )
+            }
+            When::At(at) => {
+                let ms = at
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                (
+                    header::DELIVER_AT,
+                    AMQPValue::LongLongInt(ms as i64),
+                    ms.max(published_at),
+                )
+            }
+        };
+        let mut headers = message
+            .properties
+            .headers()
+            .as_ref()
+            .map(|h| h.inner().clone())
+            .unwrap_or_default();
+        headers.remove(header::DELAY);
+        headers.remove(header::DELIVER_AT);
+        headers.insert(ShortString::from(name), value);
+        headers.insert(
+            ShortString::from(header::PUBLISHED_AT),
+            AMQPValue::LongLongInt(published_at as i64),
+        );
+        let properties = message
+            .properties
+            .clone()
+            .with_message_id(id_short)
+            .with_headers(FieldTable::from(headers));
+        let outcome = self
+            .publish(
+                &message.exchange,
+                &message.routing_key,
+                &message.body,
+                properties,
+            )
+            .await?;
+        match outcome {
+            Published::Routed => Ok(Scheduled {
+                message_id: id,
+                published_at,
+                deliver_at,
+            }),
+            Published::Returned { code, text } => Err(ClientError::Unroutable {
+                exchange: message.exchange,
+                routing_key: message.routing_key,
+                code,
+                text,
+            }),
+            Published::Nacked => Err(ClientError::Refused {
+                exchange: message.exchange,
+            }),
+        }
+    }
+
+    /// One confirmed, mandatory publish on the exchange's own channel (a 404 closes only
+    /// that channel).
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<Published, ClientError> {
+        let short = |what: &'static str, name: &str| {
+            ShortString::try_new(name.to_string()).map_err(|_| ClientError::NameTooLong {
+                what,
+                name: truncate(name, 40).to_string(),
+            })
+        };
+        let (exchange_name, key) = (
+            short("exchange", exchange)?,
+            short("routing key", routing_key)?,
+        );
+        let channel = self
+            .channels
+            .get(exchange)
+            .await
+            .map_err(|source| ClientError::Broker {
+                what: "opening a channel",
+                source,
+            })?;
+        amqp::publish_confirmed(&channel, exchange_name, key, body, properties)
+            .await
+            .map_err(|source| {
+                if amqp::reply_code(&source) == Some(404) {
+                    ClientError::ExchangeMissing {
+                        exchange: exchange.to_string(),
+                    }
+                } else {
+                    ClientError::Broker {
+                        what: "publishing",
+                        source,
+                    }
+                }
+            })
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,141 @@
+//! The `schedule`, `cancel` and `reschedule` commands: thin wrappers over the typed client.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+use delay_bridge::client::{Cancelled, Client, Message, Scheduled, When};
+use delay_bridge::config::Config;
+use delay_bridge::ladder::{format_duration, parse_duration};
+
+/// What to schedule, and when.
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// Routing key the message is delivered with.
+    #[arg(long, short = 'k', default_value = "")]
+    routing_key: String,
+    /// The message body (text).
+    #[arg(long, short, default_value = "")]
+    body: String,
+    /// Deliver after this delay: 90s, 30m, 2h30m, ...
+    #[arg(long, conflicts_with = "at", required_unless_present = "at")]
+    delay: Option<String>,
+    /// Deliver at this instant, RFC 3339 (2026-12-24T08:00:00Z).
+    #[arg(long)]
+    at: Option<String>,
+    /// The ingress exchange to publish to; default: the first route's.
+    #[arg(long, short)]
+    exchange: Option<String>,
+    /// A header to deliver with the message, NAME=VALUE (a string); repeatable.
+    #[arg(long = "header", value_name = "NAME=VALUE")]
+    headers: Vec<String>,
+    /// The `content_type` property.
+    #[arg(long)]
+    content_type: Option<String>,
+}
+
+impl ScheduleArgs {
+    fn when(&self) -> Result<When> {
+        if let Some(at) = &self.at {
+            let t = chrono::DateTime::parse_from_rfc3339(at)
+                .with_context(|| format!("--at {at:?} is not an RFC 3339 time"))?;
+            let ms = u64::try_from(t.timestamp_millis())
+                .with_context(|| format!("--at {at:?} is before 1970"))?;
+            return Ok(When::At(UNIX_EPOCH + Duration::from_millis(ms)));
+        }
+        let delay = self.delay.as_deref().unwrap_or("0s");
+        let d = parse_duration(delay).map_err(|e| anyhow::anyhow!("--delay {delay:?}: {e}"))?;
+        Ok(When::After(d))
+    }
+
+    fn message(&self, config: &Config, id: Option<&str>) -> Result<Message> {
+        let exchange = match &self.exchange {
+            Some(e) => e.clone(),
+            None => config.routes[0].ingress.clone(),
+        };
+        let mut table = FieldTable::default();
+        for h in &self.headers {
+            let Some((name, value)) = h.split_once('=') else {
+                bail!("--header {h:?} is not NAME=VALUE");
+            };
+            let name = ShortString::try_new(name.to_string())
+                .map_err(|_| anyhow::anyhow!("--header name longer than 255 bytes"))?;
+            table.insert(name, AMQPValue::LongString(LongString::from(value)));
+        }
+        let mut props = BasicProperties::default().with_headers(table);
+        if let Some(ct) = &self.content_type {
+            props = props.with_content_type(ShortString::from(ct.as_str()));
+        }
+        let mut message = Message::new(exchange, self.routing_key.clone(), self.body.clone())
+            .with_properties(props);
+        if let Some(id) = id {
+            message = message.with_message_id(id);
+        }
+        Ok(message)
+    }
+}
+
+async fn client(config: &Config) -> Result<Client> {
+    Ok(Client::connect(config.url.expose(), config.names.prefix()).await?)
+}
+
+fn describe(s: &Scheduled) -> String {
+    let due = chrono::DateTime::from_timestamp_millis(s.deliver_at as i64)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let left = Duration::from_millis(s.deliver_at.saturating_sub(now));
+    format!(
+        "message id {}: due {due} (in {})",
+        s.message_id,
+        format_duration(left)
+    )
+}
+
+fn describe_cancel(c: &Cancelled) -> String {
+    format!(
+        "cancelled message id {} (tombstone confirmed at {} ms): every copy still pending is dropped at its next hop or before delivery; \
+         if it was already delivered, or no such id was scheduled, this is a harmless no-op",
+        c.message_id, c.cancelled_at
+    )
+}
+
+/// `delay-bridge schedule`
+pub async fn schedule(config: &Config, args: &ScheduleArgs, id: Option<&str>) -> Result<()> {
+    let client = client(config).await?;
+    let scheduled = client
+        .schedule(args.message(config, id)?, args.when()?)
+        .await?;
+    println!("scheduled {}", describe(&scheduled));
+    client.close().await?;
+    Ok(())
+}
+
+/// `delay-bridge cancel`
+pub async fn cancel(config: &Config, id: &str) -> Result<()> {
+    let client = client(config).await?;
+    let cancelled = client.cancel(id).await?;
+    println!("{}", describe_cancel(&cancelled));
+    client.close().await?;
+    Ok(())
+}
+
+/// `delay-bridge reschedule`
+pub async fn reschedule(config: &Config, id: &str, args: &ScheduleArgs) -> Result<()> {
+    let client = client(config).await?;
+    let scheduled = client
+        .reschedule(args.message(config, Some(id))?, args.when()?)
+        .await?;
+    println!(
+        "rescheduled {} (the earlier copy is cancelled)",
+        describe(&scheduled)
+    );
+    client.close().await?;
+    Ok(())
+}

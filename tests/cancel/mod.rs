@@ -1,0 +1,331 @@
+//! Cancel and reschedule, end to end: tombstones in the cancel stream, honoured by every
+//! bridge instance at a message's next hop or before its delivery.
+//!
+//! Absence is proven with a sentinel: a message due after the cancelled one. FIFO expiry and
+//! the bridge's ordering mean the cancelled one would have arrived first; the level and work
+//! queues being empty shows no copy is left anywhere.
+
+use std::time::{Duration, SystemTime};
+
+use delay_bridge::bridge::now_ms;
+use delay_bridge::client::{Message, When};
+use lapin::types::AMQPValue;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn msg(w: &World, id: &str, body: &str) -> Message {
+    Message::new(w.ingress.as_str(), "rk.cancel", body.as_bytes().to_vec()).with_message_id(id)
+}
+
+/// Waits for the sentinel and asserts it is the only message that arrived.
+async fn only_sentinel_arrives(w: &mut World, within: Duration) {
+    let got = w.recv_within(within).await;
+    assert_eq!(got.body, b"sentinel", "a cancelled message arrived");
+    assert_eq!(w.pending_in_queues().await, 0, "no copy left in any queue");
+}
+
+#[tokio::test]
+async fn cancel_in_a_level_queue_drops_it_at_its_next_hop() {
+    let mut w = World::start(Setup {
+        ladder: "500ms",
+        margin: "50ms",
+        ..Setup::new("cancel-level")
+    })
+    .await;
+    let stats = w.stats();
+    let client = w.client().await;
+    let doomed = client
+        .schedule(msg(&w, "doomed", "doomed"), When::After(4 * SEC))
+        .await
+        .unwrap();
+    client
+        .schedule(msg(&w, "sentinel", "sentinel"), When::After(5 * SEC))
+        .await
+        .unwrap();
+    // Let it ride a few hops, then cancel while it sits in the level queue.
+    wait_until("two hops each", 5 * SEC, || count(&stats.hops) >= 4).await;
+    let cancelled = client.cancel("doomed").await.unwrap();
+    wait_until("the copy is dropped", 5 * SEC, || {
+        count(&stats.cancelled) == 1
+    })
+    .await;
+    let dropped_at = now_ms();
+    assert!(
+        dropped_at < cancelled.cancelled_at + 1_000,
+        "dropped at its next hop (a level is 500 ms), {} ms after the cancel",
+        dropped_at - cancelled.cancelled_at
+    );
+    assert!(
+        dropped_at + 2_000 < doomed.deliver_at,
+        "left the levels early instead of riding to the end"
+    );
+    only_sentinel_arrives(&mut w, 10 * SEC).await;
+    assert_eq!(count(&stats.cancelled), 1);
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancel_during_the_final_hold_stops_the_delivery() {
+    // One 2 s level and a 1.5 s margin: a 1.2 s delay is held in process from the start.
+    let mut w = World::start(Setup {
+        ladder: "2s",
+        margin: "1500ms",
+        ..Setup::new("cancel-hold")
+    })
+    .await;
+    let stats = w.stats();
+    let client = w.client().await;
+    client
+        .schedule(
+            msg(&w, "held", "held"),
+            When::After(Duration::from_millis(1_200)),
+        )
+        .await
+        .unwrap();
+    wait_until("the message is held", 5 * SEC, || count(&stats.held) == 1).await;
+    client.cancel("held").await.unwrap();
+    client
+        .schedule(
+            msg(&w, "sentinel", "sentinel"),
+            When::After(Duration::from_millis(1_500)),
+        )
+        .await
+        .unwrap();
+    only_sentinel_arrives(&mut w, 10 * SEC).await;
+    assert_eq!(count(&stats.cancelled), 1, "dropped before delivery");
+    assert_eq!(count(&stats.hops), 0, "it never left the hold");
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_delivered_or_unknown_id_is_a_harmless_no_op() {
+    let mut w = World::start(Setup::new("cancel-noop")).await;
+    let stats = w.stats();
+    let client = w.client().await;
+    client
+        .schedule(
+            msg(&w, "done", "done"),
+            When::After(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.recv_within(5 * SEC).await.body, b"done");
+    let after_delivery = client.cancel("done").await.expect("a no-op, not an error");
+    let unknown = client
+        .cancel("never-scheduled")
+        .await
+        .expect("a no-op, not an error");
+    assert_eq!(unknown.message_id, "never-scheduled");
+    assert!(after_delivery.cancelled_at <= unknown.cancelled_at);
+    wait_until("both tombstones read", 5 * SEC, || {
+        count(&stats.tombstones) == 2
+    })
+    .await;
+    client
+        .schedule(
+            msg(&w, "sentinel", "sentinel"),
+            When::After(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    only_sentinel_arrives(&mut w, 5 * SEC).await;
+    assert_eq!(count(&stats.cancelled), 0, "nothing was dropped");
+    assert_eq!(count(&stats.delivered), 2);
+    // Invalid ids are refused before anything is published.
+    let err = client.cancel("").await.unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn reschedule_later_and_earlier_delivers_once_at_the_new_time() {
+    let mut w = World::start(Setup {
+        ladder: "250ms 500ms 1s",
+        margin: "50ms",
+        ..Setup::new("reschedule")
+    })
+    .await;
+    let client = w.client().await;
+    let later = msg(&w, "later", "later");
+    let earlier = msg(&w, "earlier", "earlier");
+    client
+        .schedule(later.clone(), When::After(Duration::from_millis(800)))
+        .await
+        .unwrap();
+    client
+        .schedule(earlier.clone(), When::After(4 * SEC))
+        .await
+        .unwrap();
+    let moved_later = client
+        .reschedule(later, When::After(3 * SEC))
+        .await
+        .unwrap();
+    let at = SystemTime::now() + Duration::from_millis(1_500);
+    let moved_earlier = client.reschedule(earlier, When::At(at)).await.unwrap();
+    client
+        .schedule(msg(&w, "sentinel", "sentinel"), When::After(5 * SEC))
+        .await
+        .unwrap();
+
+    let got = w.recv_n(3, 10 * SEC).await;
+    let bodies: Vec<&[u8]> = got.iter().map(|m| m.body.as_slice()).collect();
+    assert_eq!(
+        bodies,
+        vec![&b"earlier"[..], b"later", b"sentinel"],
+        "each once, in the new order"
+    );
+    for (m, due) in [
+        (&got[0], moved_earlier.deliver_at),
+        (&got[1], moved_later.deliver_at),
+    ] {
+        assert!(
+            m.at_ms >= due && m.at_ms < due + 500,
+            "{:?} arrived {} ms from its new due time",
+            String::from_utf8_lossy(&m.body),
+            m.at_ms as i64 - due as i64
+        );
+        assert_eq!(
+            m.header("x-published-at"),
+            Some(&AMQPValue::LongLongInt(if m.body == b"later" {
+                moved_later.published_at
+            } else {
+                moved_earlier.published_at
+            } as i64))
+        );
+    }
+    assert_eq!(w.pending_in_queues().await, 0);
+    assert_eq!(count(&w.stats().cancelled), 2, "both old copies dropped");
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_cancel_made_while_no_bridge_runs_is_honoured_by_a_fresh_instance() {
+    let mut w = World::start(Setup {
+        ladder: "500ms",
+        margin: "50ms",
+        ..Setup::new("cancel-restart")
+    })
+    .await;
+    let client = w.client().await;
+    client
+        .schedule(msg(&w, "a", "a"), When::After(3 * SEC))
+        .await
+        .unwrap();
+    wait_until("first hop", 5 * SEC, || count(&w.stats().hops) >= 1).await;
+    w.stop_bridge().await;
+    // With no bridge running: cancel one in a level, and one never read by any bridge.
+    client
+        .schedule(msg(&w, "b", "b"), When::After(2 * SEC))
+        .await
+        .unwrap();
+    client.cancel("a").await.unwrap();
+    client.cancel("b").await.unwrap();
+    client
+        .schedule(msg(&w, "sentinel", "sentinel"), When::After(4 * SEC))
+        .await
+        .unwrap();
+    w.start_bridge().await;
+    let stats = w.stats();
+    assert_eq!(
+        count(&stats.tombstones),
+        2,
+        "read from the stream before ready"
+    );
+    only_sentinel_arrives(&mut w, 10 * SEC).await;
+    assert_eq!(count(&stats.cancelled), 2);
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_instances_both_honour_cancels() {
+    let mut w = World::start(Setup {
+        ladder: "250ms 500ms",
+        margin: "50ms",
+        ..Setup::new("cancel-two")
+    })
+    .await;
+    let (token, handle, second) = w.spawn_bridge().await;
+    let first = w.stats();
+    let client = w.client().await;
+    for i in 0..40 {
+        client
+            .schedule(
+                msg(&w, &format!("m{i}"), &format!("m{i}")),
+                When::After(3 * SEC),
+            )
+            .await
+            .unwrap();
+    }
+    for i in (0..40).step_by(2) {
+        client.cancel(&format!("m{i}")).await.unwrap();
+    }
+    let got = w.recv_n(20, 10 * SEC).await;
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    ids.sort();
+    let mut want: Vec<String> = (1..40).step_by(2).map(|i| format!("m{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "exactly the uncancelled ones");
+    wait_until("20 copies dropped", 5 * SEC, || {
+        count(&first.cancelled) + count(&second.cancelled) == 20
+    })
+    .await;
+    assert!(
+        count(&first.consumed) > 0 && count(&second.consumed) > 0,
+        "both instances took work"
+    );
+    client
+        .schedule(
+            msg(&w, "sentinel", "sentinel"),
+            When::After(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    only_sentinel_arrives(&mut w, 5 * SEC).await;
+    token.cancel();
+    handle.await.unwrap();
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn old_tombstones_leave_memory() {
+    // Max delay 2 s plus 1 s grace: a tombstone is kept 3 s after its cancel.
+    let mut w = World::start(Setup {
+        max_delay: "2s",
+        cancel_grace: "1s",
+        ..Setup::new("cancel-expiry")
+    })
+    .await;
+    let stats = w.stats();
+    let client = w.client().await;
+    let cancelled = client.cancel("gone-soon").await.unwrap();
+    wait_until("the tombstone is live", 5 * SEC, || {
+        count(&stats.tombstones) == 1
+    })
+    .await;
+    wait_until("the tombstone leaves", 10 * SEC, || {
+        count(&stats.tombstones) == 0
+    })
+    .await;
+    let left_after = now_ms() - cancelled.cancelled_at;
+    assert!(
+        (3_000..4_000).contains(&left_after),
+        "left {left_after} ms after the cancel, expected about 3000"
+    );
+    // A fresh instance reading the stream from the start does not load it again.
+    w.stop_bridge().await;
+    w.start_bridge().await;
+    assert_eq!(count(&w.stats().tombstones), 0);
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
