@@ -11,6 +11,7 @@ use delay_bridge::config::{Config, RawConfig, defaults};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
+mod bench;
 mod demo;
 mod schedule_cmd;
 
@@ -69,6 +70,9 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
+    /// Measure against the configured broker (throw-away topology, bridge in process).
+    #[command(subcommand)]
+    Bench(bench::Scenario),
     /// Schedule one message through the bridge (waits for the broker's confirm).
     Schedule {
         /// The message id (the handle to cancel or reschedule it); default: a new UUID.
@@ -96,7 +100,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     // The demo prints its own story; the bridge's logs would interleave with it.
     let default_filter = match cli.command {
-        Command::Demo => "warn",
+        Command::Demo | Command::Bench(_) => "warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -121,6 +125,10 @@ fn main() -> Result<()> {
             margin,
         } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
         Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
+        Command::Bench(scenario) => {
+            let config = load(&cli)?;
+            runtime()?.block_on(bench::run(&config, scenario))
+        }
         Command::Schedule { message_id, args } => {
             let config = load(&cli)?;
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
