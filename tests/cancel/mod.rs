@@ -388,3 +388,68 @@ async fn bench_cancel_horizon_smoke() {
         "every message either dropped or delivered (plus the sentinel)"
     );
 }
+
+#[tokio::test]
+async fn client_errors_are_typed_and_say_what_to_do() {
+    use delay_bridge::client::{Client, ClientError};
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("client-errors")
+    })
+    .await;
+    let client = w.client().await;
+    let missing = format!("{}.no-such-exchange", w.prefix);
+    let err = client
+        .schedule(
+            Message::new(missing.as_str(), "k", b"x".to_vec()),
+            When::After(SEC),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::ExchangeMissing { exchange } if *exchange == missing),
+        "{err}"
+    );
+    // The client keeps working after the broker closed that exchange's channel.
+    let unbound = format!("{}.unbound", w.prefix);
+    w.declare_extra_exchange(&unbound, lapin::ExchangeKind::Fanout)
+        .await;
+    let err = client
+        .schedule(
+            Message::new(unbound.as_str(), "k", b"x".to_vec()),
+            When::After(SEC),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Unroutable { .. }), "{err}");
+    let err = client
+        .reschedule(
+            Message::new(w.ingress.as_str(), "k", b"x".to_vec()),
+            When::After(SEC),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::NoMessageId), "{err}");
+    let err = client.cancel(&"x".repeat(256)).await.unwrap_err();
+    assert!(err.to_string().contains("255"), "{err}");
+    let ok = client
+        .schedule(msg(&w, "fine", "fine"), When::After(SEC))
+        .await
+        .expect("a good schedule still works");
+    assert_eq!(ok.message_id, "fine");
+    client.close().await.unwrap();
+
+    let other = Client::connect(&broker_url(), &format!("{}-never-started", w.prefix))
+        .await
+        .unwrap();
+    let err = other.cancel("x").await.unwrap_err();
+    assert!(matches!(err, ClientError::NoCancelStream { .. }), "{err}");
+    assert!(err.to_string().contains("start the bridge"), "{err}");
+    other.close().await.unwrap();
+    let err = Client::connect("http://nope", "p")
+        .await
+        .err()
+        .expect("bad url refused");
+    assert!(matches!(err, ClientError::Url(_)), "{err}");
+    w.cleanup().await;
+}
