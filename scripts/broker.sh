@@ -27,6 +27,12 @@ except Exception:
 PY
 }
 
+# `broker.sh --probe`: only say (by exit status) whether a broker answers on the port.
+if [ "${1:-}" = "--probe" ]; then
+  amqp_answers
+  exit $?
+fi
+
 wait_for_broker() {
   local waited=0
   until amqp_answers; do

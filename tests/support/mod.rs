@@ -596,11 +596,21 @@ pub async fn wait_for_consumers(world: &World, n: u32, within: Duration) {
     }
 }
 
+/// `rabbitmqctl` for the test broker: `DELAY_BRIDGE_TEST_CTL` (a command and its leading
+/// arguments, for example `bash scripts/broker4.sh ctl`), or plain `rabbitmqctl`.
+pub fn rabbitmqctl() -> std::process::Command {
+    let line = std::env::var("DELAY_BRIDGE_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut parts = line.split_whitespace();
+    let mut command = std::process::Command::new(parts.next().expect("a command"));
+    command.args(parts);
+    command
+}
+
 /// Makes the broker close every connection whose client-provided name contains `name`
 /// (needs `rabbitmqctl` and the broker's Erlang cookie, i.e. root on a local broker).
 /// Returns how many it closed.
 pub fn close_connections_named(name: &str) -> usize {
-    let out = std::process::Command::new("rabbitmqctl")
+    let out = rabbitmqctl()
         .args([
             "list_connections",
             "-q",
@@ -621,7 +631,7 @@ pub fn close_connections_named(name: &str) -> usize {
             continue;
         }
         let pid = line.split_whitespace().next().unwrap();
-        let status = std::process::Command::new("rabbitmqctl")
+        let status = rabbitmqctl()
             .args([
                 "close_connection",
                 pid,
