@@ -106,6 +106,15 @@ pub enum ClientError {
         /// The exchange published to ("" for the cancel stream).
         exchange: String,
     },
+    /// The body is larger than the broker's `max_message_size` (16 MiB by default on
+    /// RabbitMQ 4.x, 128 MiB on 3.x); nothing was scheduled.
+    #[error("the message body of {bytes} bytes is over the broker's size limit: {broker}")]
+    TooLarge {
+        /// The body's size.
+        bytes: usize,
+        /// The broker's words, which name its limit.
+        broker: String,
+    },
     /// Any other broker or connection error.
     #[error("{what}: {source}")]
     Broker {
@@ -377,6 +386,11 @@ impl Client {
                 if amqp::reply_code(&source) == Some(404) {
                     ClientError::ExchangeMissing {
                         exchange: exchange.to_string(),
+                    }
+                } else if let Some(broker) = amqp::size_refusal(&source) {
+                    ClientError::TooLarge {
+                        bytes: body.len(),
+                        broker,
                     }
                 } else {
                     ClientError::Broker {

@@ -51,6 +51,8 @@ pub mod header {
     pub const DETAIL: &str = "delay-bridge-detail";
     /// On delivered messages whose publisher set a `user_id` other than the bridge's user.
     pub const ORIGINAL_USER_ID: &str = "original-user-id";
+    /// Failed deliveries so far, set by quorum queues on redelivery.
+    pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
     pub const DEATH_PREFIXES: [&str; 3] = ["x-death", "x-first-death-", "x-last-death-"];
 }
@@ -492,6 +494,26 @@ pub fn parse_deliver_at(value: &AMQPValue) -> Result<i64, String> {
             type_name(other)
         )),
     }
+}
+
+/// A work-queue delivery the broker has redelivered `limit` times or more (quorum queues
+/// count failed deliveries in `x-delivery-count`): parked `redelivery-limit` before the
+/// broker's own delivery limit would dead-letter it without a reason.
+pub fn redelivered_too_often(properties: &BasicProperties, limit: i64) -> Option<Parked> {
+    let count = properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(header::DELIVERY_COUNT)
+        .and_then(as_integer)?;
+    (count >= limit).then(|| {
+        Parked::new(
+            ParkReason::RedeliveryLimit,
+            format!(
+                "redelivered {count} times (x-delivery-count) without being settled; parked so it cannot stall the bridge"
+            ),
+        )
+    })
 }
 
 /// Reads `x-published-at`: epoch milliseconds as any integer type or a string of digits,

@@ -15,6 +15,10 @@ use crate::config::{Config, QueueType};
 /// own and dead-letters past it into the parked exchange.
 pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 50;
 
+/// The bridge parks a work-queue delivery redelivered this many times (`redelivery-limit`,
+/// with a reason), before the broker's own limit dead-letters it without one.
+pub const PARK_AFTER_REDELIVERIES: i64 = 40;
+
 /// A queue to declare.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueSpec {

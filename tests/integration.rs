@@ -3,6 +3,7 @@
 
 mod cancel;
 mod support;
+mod versions;
 
 use std::time::Duration;
 

@@ -101,3 +101,16 @@ pub fn reply_code(error: &lapin::Error) -> Option<u16> {
         _ => None,
     }
 }
+
+/// The broker's text when it refused a publish for its body size (406, "larger than
+/// configured max size"); the channel is closed.
+pub fn size_refusal(error: &lapin::Error) -> Option<String> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp)
+            if amqp.get_id() == 406 && amqp.get_message().as_str().contains("max size") =>
+        {
+            Some(amqp.get_message().to_string())
+        }
+        _ => None,
+    }
+}

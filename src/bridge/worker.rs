@@ -24,6 +24,7 @@ use crate::contract::{
     parked_properties,
 };
 use crate::plan::{Step, next_step};
+use crate::topology::PARK_AFTER_REDELIVERIES;
 
 /// What a message task reports to the session loop.
 enum Event {
@@ -271,6 +272,11 @@ impl Task {
             routing_key: &delivery.routing_key,
             properties: &delivery.properties,
         };
+        if let Some(parked) =
+            contract::redelivered_too_often(&delivery.properties, PARK_AFTER_REDELIVERIES)
+        {
+            return self.park(&delivery, &delivery.routing_key, parked).await;
+        }
         let envelope = match contract::decode(incoming, now_ms(), &intake) {
             Ok(envelope) => envelope,
             Err(parked) => return self.park(&delivery, &delivery.routing_key, parked).await,

@@ -632,3 +632,13 @@ fn in_flight_copies_from_before_entered_at_existed_use_first_seen() {
     let back = decode_with(WORK, &p.into()).unwrap();
     assert_eq!(back.entered_at, NOW - 5);
 }
+
+#[test]
+fn redelivered_too_often_is_parked_with_the_count() {
+    assert_eq!(redelivered_too_often(&BasicProperties::default(), 40), None);
+    let props = |n: i64| with_headers(vec![(header::DELIVERY_COUNT, AMQPValue::LongLongInt(n))]);
+    assert_eq!(redelivered_too_often(&props(39), 40), None);
+    let parked = redelivered_too_often(&props(40), 40).unwrap();
+    assert_eq!(parked.reason, ParkReason::RedeliveryLimit);
+    assert!(parked.detail.contains("40 times"), "{}", parked.detail);
+}

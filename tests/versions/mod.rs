@@ -1,0 +1,208 @@
+//! Behaviours that differ between RabbitMQ 3.x and 4.x, tested on whichever broker
+//! `DELAY_BRIDGE_TEST_URL` names (scripts/test.sh runs the suite on 3.10 and on 4.0).
+
+use std::time::Duration;
+
+use delay_bridge::client::{ClientError, Message, When};
+use delay_bridge::topology::PARK_AFTER_REDELIVERIES;
+use futures::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// Dead-lettering writes `x-death` (3.x reads a re-published one, and drops a message that
+/// meets a queue in its death history), `x-first-death-*`, and from 3.13 `x-last-death-*`.
+fn assert_no_death_headers(m: &Received) {
+    if let Some(h) = m.properties.headers().as_ref() {
+        for (k, _) in h {
+            for p in [
+                "x-death",
+                "x-first-death-",
+                "x-last-death-",
+                "delay-bridge-",
+            ] {
+                assert!(
+                    !k.as_str().starts_with(p),
+                    "header {k} leaked to the target"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_message_revisiting_one_level_many_times_arrives_once_without_death_headers() {
+    // One 100 ms level: a 2.5 s delay visits it about 24 times.
+    let mut w = World::start(Setup {
+        ladder: "100ms",
+        margin: "20ms",
+        ..Setup::new("revisit")
+    })
+    .await;
+    let props = with_delay(2_500).with_message_id("revisit".into());
+    let sent = w.publish("rk.revisit", b"revisit", props).await;
+    w.publish(
+        "rk.revisit",
+        b"sentinel",
+        with_delay(3_000).with_message_id("sentinel".into()),
+    )
+    .await;
+    let got = w.recv_n(2, 10 * SEC).await;
+    assert_eq!(got[0].body, b"revisit");
+    assert_eq!(
+        got[1].body, b"sentinel",
+        "the revisiting message arrived once"
+    );
+    let late = got[0].at_ms as i64 - (sent as i64 + 2_500);
+    assert!((0..200).contains(&late), "lateness {late} ms");
+    for m in &got {
+        assert_no_death_headers(m);
+    }
+    let hops = count(&w.stats().hops);
+    assert!(hops >= 40, "the same level was visited {hops} times in all");
+    assert_eq!(w.pending_in_queues().await, 0);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn quorum_levels_take_more_hops_than_the_default_delivery_limit() {
+    // RabbitMQ 4.x gives quorum queues a delivery limit of 20. A hop is a new publish and a
+    // return from a level is a dead-lettering, not a redelivery, so 29 visits to one quorum
+    // level (and 29 returns through the quorum work queue) must still deliver.
+    let mut w = World::start(Setup {
+        ladder: "100ms",
+        margin: "20ms",
+        queue_type: "quorum",
+        ..Setup::new("quorum-hops")
+    })
+    .await;
+    let sent = w
+        .publish(
+            "rk.q",
+            b"many-hops",
+            with_delay(3_000).with_message_id("q".into()),
+        )
+        .await;
+    let m = w.recv_within(15 * SEC).await;
+    assert_eq!(m.body, b"many-hops");
+    assert!(m.at_ms >= sent + 3_000);
+    assert_no_death_headers(&m);
+    let hops = count(&w.stats().hops);
+    assert!(
+        hops > 25,
+        "made {hops} hops, more than the default delivery limit of 20"
+    );
+    assert_eq!(count(&w.stats().parked), 0);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_message_redelivered_too_often_is_parked_with_a_reason() {
+    // Redeliveries do count: a delivery returned to the quorum work queue again and again
+    // (as when it crashes the bridge every time) is parked `redelivery-limit`.
+    let mut w = World::start(Setup {
+        queue_type: "quorum",
+        start_bridge: false,
+        ..Setup::new("redelivered")
+    })
+    .await;
+    w.publish("rk.poison", b"poison", BasicProperties::default())
+        .await;
+    let work = w.config.names.work_queue();
+    let channel = w.conn.create_channel().await.unwrap();
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            work.as_str().into(),
+            "returner".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..PARK_AFTER_REDELIVERIES {
+        let d = tokio::time::timeout(5 * SEC, consumer.next())
+            .await
+            .expect("redelivered")
+            .unwrap()
+            .unwrap();
+        d.nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    channel
+        .basic_cancel("returner".into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
+    let _ = channel.close(200, "done".into()).await;
+    w.start_bridge().await;
+    let parked = w.parked_within(10 * SEC).await;
+    assert_eq!(parked.body, b"poison");
+    assert_eq!(
+        parked.header("delay-bridge-reason"),
+        Some(&text("redelivery-limit"))
+    );
+    assert_eq!(count(&w.stats().delivered), 0);
+    w.cleanup().await;
+}
+
+/// The broker's `max_message_size`, read with rabbitmqctl.
+fn broker_max_message_size() -> usize {
+    let out = rabbitmqctl()
+        .args(["eval", "application:get_env(rabbit, max_message_size)."])
+        .output()
+        .expect("rabbitmqctl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let digits: String = text.chars().filter(|c| c.is_ascii_digit()).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("max_message_size from rabbitmqctl: {text:?}"))
+}
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_is_refused_with_a_clear_error_and_one_at_it_travels() {
+    let limit = broker_max_message_size();
+    let mut w = World::start(Setup {
+        ladder: "200ms",
+        margin: "30ms",
+        ..Setup::new("size-limit")
+    })
+    .await;
+    let client = w.client().await;
+    let msg = |bytes: usize, id: &str| {
+        Message::new(w.ingress.as_str(), "rk.size", vec![b'x'; bytes]).with_message_id(id)
+    };
+    let err = client
+        .schedule(msg(limit + 1, "over"), When::After(SEC))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::TooLarge { bytes, broker } if *bytes == limit + 1 && broker.contains(&limit.to_string())),
+        "{err}"
+    );
+    // A body at the limit (capped at 16 MiB to keep the test quick on 3.x's 128 MiB limit)
+    // travels: the bridge's headers do not count against the body limit.
+    let size = limit.min(16 * 1024 * 1024);
+    client
+        .schedule(
+            msg(size, "at-limit"),
+            When::After(Duration::from_millis(500)),
+        )
+        .await
+        .expect("the client still works after the broker closed a channel");
+    let m = w.recv_within(20 * SEC).await;
+    assert_eq!(m.body.len(), size);
+    assert!(count(&w.stats().hops) >= 1, "it went through a level");
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
