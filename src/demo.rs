@@ -5,119 +5,53 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::BasicProperties;
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ExchangeKind};
-use tokio_util::sync::CancellationToken;
 
-use delay_bridge::bridge::{Bridge, Stats, now_ms};
-use delay_bridge::config::{Config, Route};
+use delay_bridge::bridge::{Stats, now_ms};
+use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
-use delay_bridge::naming::Names;
 use delay_bridge::plan::{hop_count, plan};
-use delay_bridge::topology::Topology;
+
+use crate::sandbox::Sandbox;
 
 /// The delays the demo publishes, in publish order (ms): the 10 s one first.
 const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
 
 /// Runs the demo against the configured broker with a throw-away prefix and route.
 pub async fn run_demo(base: &Config) -> Result<()> {
-    let prefix = format!(
-        "delay-bridge-demo-{:06x}",
-        rand::random::<u32>() & 0xff_ffff
-    );
-    let mut config = base.clone();
-    config.names = Names::new(prefix.clone());
-    let ingress = format!("{prefix}.in");
-    let target = format!("{prefix}.out");
-    let target_queue = format!("{prefix}.out.inbox");
-    config.routes = vec![Route {
-        ingress: ingress.clone(),
-        target: target.clone(),
-    }];
-
     println!(
         "delay-bridge demo: broker {}, ladder of {} levels ({} .. {}), margin {}",
-        config.url,
-        config.ladder.levels().len(),
-        format_duration(config.ladder.smallest()),
-        format_duration(config.ladder.largest()),
-        format_duration(config.margin),
+        base.url,
+        base.ladder.levels().len(),
+        format_duration(base.ladder.smallest()),
+        format_duration(base.ladder.largest()),
+        format_duration(base.margin),
     );
-    let conn = delay_bridge::amqp::connect(&config.url, "delay-bridge demo").await?;
-    declare_target(&conn, &target, &target_queue).await?;
-
-    let bridge = Bridge::new(config.clone());
-    let stats = bridge.stats();
-    let mut ready = bridge.ready();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(bridge.run(shutdown.clone()));
-    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r))
-        .await
-        .context("the bridge did not become ready within 30s")??;
-    println!("bridge running; publishing to exchange `{ingress}` with plain AMQP and x-delay:");
-
-    let result = publish_and_watch(&conn, &ingress, &target_queue, &config, &stats).await;
-
-    shutdown.cancel();
-    let stopped = running.await;
-    let channel = conn.create_channel().await?;
-    channel
-        .queue_delete(target_queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    channel
-        .exchange_delete(target.as_str().into(), ExchangeDeleteOptions::default())
-        .await?;
-    Topology::from_config(&config).delete(&conn).await?;
-    let _ = conn.close(200, "demo done".into()).await;
+    let sandbox = Sandbox::start(base, "delay-bridge-demo").await?;
+    let prefix = sandbox.config.names.prefix().to_string();
+    println!(
+        "bridge running; publishing to exchange `{}` with plain AMQP and x-delay:",
+        sandbox.ingress
+    );
+    let result = publish_and_watch(&sandbox).await;
+    sandbox.finish().await?;
     println!("cleaned up: every exchange and queue of `{prefix}` deleted");
-    stopped.context("the bridge task panicked")??;
     result
 }
 
-async fn declare_target(conn: &Connection, target: &str, queue: &str) -> Result<()> {
-    let channel = conn.create_channel().await?;
-    channel
-        .exchange_declare(
-            target.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            queue.into(),
-            target.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(())
-}
-
-async fn publish_and_watch(
-    conn: &Connection,
-    ingress: &str,
-    target_queue: &str,
-    config: &Config,
-    stats: &Stats,
-) -> Result<()> {
+async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
+    let (conn, ingress, config, stats) = (
+        &sandbox.conn,
+        sandbox.ingress.as_str(),
+        &sandbox.config,
+        sandbox.stats(),
+    );
     let inbox = conn.create_channel().await?;
     let mut consumer = inbox
         .basic_consume(
-            target_queue.into(),
+            sandbox.target_queue.as_str().into(),
             "demo".into(),
             BasicConsumeOptions {
                 no_ack: true,

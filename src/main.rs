@@ -13,6 +13,7 @@ use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
 mod bench;
 mod demo;
+mod sandbox;
 mod schedule_cmd;
 
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.

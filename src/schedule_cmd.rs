@@ -1,12 +1,13 @@
 //! The `schedule`, `cancel` and `reschedule` commands: thin wrappers over the typed client.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
+use delay_bridge::bridge::now_ms;
 use delay_bridge::client::{Cancelled, Client, Message, Scheduled, When};
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -86,11 +87,7 @@ fn describe(s: &Scheduled) -> String {
     let due = chrono::DateTime::from_timestamp_millis(s.deliver_at as i64)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_default();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    let left = Duration::from_millis(s.deliver_at.saturating_sub(now));
+    let left = Duration::from_millis(s.deliver_at.saturating_sub(now_ms()));
     format!(
         "message id {}: due {due} (in {})",
         s.message_id,

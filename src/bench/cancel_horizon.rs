@@ -23,7 +23,8 @@ use delay_bridge::client::{Client, Message, When};
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
-use super::{Bench, quantile};
+use super::quantile;
+use crate::sandbox::Sandbox;
 
 /// `bench cancel-horizon` options.
 #[derive(Debug, clap::Args)]
@@ -55,7 +56,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         .map(|l| parse_duration(l).map_err(|e| anyhow::anyhow!("--leads {l:?}: {e}")))
         .collect::<Result<_>>()?;
     let first = parse_duration(&args.delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
-    let bench = Bench::start(base, "cancel", |_| {}).await?;
+    let bench = Sandbox::start(base, "delay-bridge-bench-cancel").await?;
     let samples = measure(&bench, &leads, args.count, first).await;
     let counters = (
         Stats::get(&bench.stats().cancelled),
@@ -67,7 +68,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 }
 
 async fn measure(
-    bench: &Bench,
+    bench: &Sandbox,
     leads: &[Duration],
     count: usize,
     first: Duration,

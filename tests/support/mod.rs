@@ -232,20 +232,7 @@ impl World {
 
     /// Messages ready in a queue now.
     pub async fn queue_depth(&self, queue: &str) -> u32 {
-        let channel = self.conn.create_channel().await.unwrap();
-        let q = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let _ = channel.close(200, "depth".into()).await;
-        q.message_count()
+        inspect_queue(&self.conn, queue).await.message_count()
     }
 
     /// Messages in the work queue and every level queue (ready; the bridge's unacked ones
@@ -569,22 +556,30 @@ pub fn write_config(world: &World, prefetch: u32) -> std::path::PathBuf {
     path
 }
 
+/// A queue's message and consumer counts now (a passive declare on a channel of its own).
+pub async fn inspect_queue(conn: &Connection, queue: &str) -> lapin::Queue {
+    let channel = conn.create_channel().await.unwrap();
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = channel.close(200, "inspected".into()).await;
+    q
+}
+
 /// Waits until the work queue has `n` consumers.
 pub async fn wait_for_consumers(world: &World, n: u32, within: Duration) {
     let deadline = Instant::now() + within;
-    let channel = world.conn.create_channel().await.unwrap();
+    let work_queue = world.config.names.work_queue();
     loop {
-        let q = channel
-            .queue_declare(
-                world.config.names.work_queue().as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let q = inspect_queue(&world.conn, &work_queue).await;
         if q.consumer_count() >= n {
             return;
         }
