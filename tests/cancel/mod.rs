@@ -453,3 +453,105 @@ async fn client_errors_are_typed_and_say_what_to_do() {
     assert!(matches!(err, ClientError::Url(_)), "{err}");
     w.cleanup().await;
 }
+
+/// Runs a `delay-bridge` command against the world's config; panics with its output on failure.
+async fn cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "delay-bridge {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn the_cli_schedules_reschedules_and_cancels() {
+    let mut w = World::start(Setup::new("cli")).await;
+    let config = write_config(&w, 100);
+    let config = config.as_path();
+    let said = cli(
+        config,
+        &[
+            "schedule",
+            "--message-id",
+            "cli-moved",
+            "-k",
+            "rk.cli",
+            "--delay",
+            "3s",
+            "-b",
+            "first",
+        ],
+    )
+    .await;
+    assert!(said.contains("message id cli-moved"), "{said}");
+    cli(
+        config,
+        &[
+            "schedule",
+            "--message-id",
+            "cli-cancelled",
+            "-k",
+            "rk.cli",
+            "--delay",
+            "2s",
+            "-b",
+            "cancelled",
+        ],
+    )
+    .await;
+    let said = cli(
+        config,
+        &[
+            "reschedule",
+            "cli-moved",
+            "-k",
+            "rk.cli",
+            "--delay",
+            "500ms",
+            "-b",
+            "moved",
+        ],
+    )
+    .await;
+    assert!(said.contains("rescheduled"), "{said}");
+    let said = cli(config, &["cancel", "cli-cancelled"]).await;
+    assert!(
+        said.contains("cancelled message id cli-cancelled"),
+        "{said}"
+    );
+    cli(
+        config,
+        &[
+            "schedule",
+            "--message-id",
+            "sentinel",
+            "-k",
+            "rk.cli",
+            "--delay",
+            "3500ms",
+            "-b",
+            "sentinel",
+        ],
+    )
+    .await;
+    let got = w.recv_n(2, 10 * SEC).await;
+    assert_eq!(got[0].body, b"moved");
+    assert_eq!(got[0].routing_key, "rk.cli");
+    assert_eq!(
+        got[1].body, b"sentinel",
+        "the old and the cancelled copies never arrived"
+    );
+    assert_eq!(w.pending_in_queues().await, 0);
+    assert_eq!(count(&w.stats().cancelled), 2);
+    let _ = std::fs::remove_file(config);
+    w.cleanup().await;
+}
