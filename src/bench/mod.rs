@@ -1,18 +1,50 @@
-//! `delay-bridge bench <scenario>`: measurements against the real broker, with the bridge
-//! run in process through the library's `Bridge::run` (as `delay-bridge run` runs it), in a
-//! [`crate::sandbox::Sandbox`]. Each
-//! scenario prints a human table and one JSON object (the last line of its output).
+//! `delay-bridge bench <scenario>`: measurements against the real broker. Every broker
+//! scenario first measures the broker's own ceiling (`baseline`) in the same run, with the
+//! same publisher and consumer, and prints its figures as ratios of it. Each scenario
+//! prints a human table and then one JSON object (the last line of its output); each
+//! target of issue #6 is printed as PASS or MISS next to its figure.
+//!
+//! The bridge under test runs as users run it: `steady`, `burst`, `hop` and `pending` start
+//! this executable's `run` command as a child process (so its RSS and CPU time are its
+//! own); `cancel-horizon` runs the library's `Bridge::run` in process.
 
+mod baseline;
+mod broker_memory;
+mod burst;
 mod cancel_horizon;
+mod hop;
+mod ladder;
+mod load;
+mod pending;
+mod steady;
 
 use anyhow::Result;
 use clap::Subcommand;
+use serde_json::{Value, json};
 
 use delay_bridge::config::Config;
 
 /// The scenarios.
 #[derive(Debug, Subcommand)]
 pub enum Scenario {
+    /// The broker's ceiling: persistent publishes with confirms through one plain durable
+    /// queue to an auto-ack consumer (msg/s, latency p50/p99). No bridge.
+    Baseline(baseline::Args),
+    /// A steady rate of messages with delays spread over a range: lateness (arrival minus
+    /// due) percentiles, early, missing and duplicate counts.
+    Steady(steady::Args),
+    /// Many messages all due at the same instant: how fast the bridge drains them, as a
+    /// ratio of the baseline.
+    Burst(burst::Args),
+    /// Messages moved through one hop (work queue to level queue, confirmed and acked) per
+    /// second, as a ratio of the baseline, and the bridge's CPU time per hop.
+    Hop(hop::Args),
+    /// Many long-delay messages pending in the levels: broker memory per pending message
+    /// and the bridge's RSS as the count grows.
+    Pending(pending::Args),
+    /// Mean and worst-case hops of every preset over [1 s, 30 d] and [1 s, 1 y] (pure
+    /// computation, no broker).
+    Ladder(ladder::Args),
     /// How long before deliver-at a confirmed cancel still wins: cancels are confirmed at
     /// decreasing lead times before their messages' due time; the table shows which won.
     CancelHorizon(cancel_horizon::Args),
@@ -21,6 +53,12 @@ pub enum Scenario {
 /// Runs one scenario against the configured broker.
 pub async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
     match scenario {
+        Scenario::Baseline(args) => baseline::run(base, args).await,
+        Scenario::Steady(args) => steady::run(base, args).await,
+        Scenario::Burst(args) => burst::run(base, args).await,
+        Scenario::Hop(args) => hop::run(base, args).await,
+        Scenario::Pending(args) => pending::run(base, args).await,
+        Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
     }
 }
@@ -32,4 +70,133 @@ pub fn quantile(sorted: &[i64], q: f64) -> Option<i64> {
     }
     let i = ((sorted.len() - 1) as f64 * q).round() as usize;
     Some(sorted[i])
+}
+
+/// A latency distribution, µs.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    /// Samples.
+    pub count: usize,
+    /// Smallest.
+    pub min: i64,
+    /// Median.
+    pub p50: i64,
+    /// 90th percentile.
+    pub p90: i64,
+    /// 99th percentile.
+    pub p99: i64,
+    /// 99.9th percentile.
+    pub p999: i64,
+    /// Largest.
+    pub max: i64,
+}
+
+impl Spread {
+    /// The distribution of sorted samples (`None` when there are none).
+    pub fn of(sorted: &[i64]) -> Option<Self> {
+        Some(Self {
+            count: sorted.len(),
+            min: *sorted.first()?,
+            p50: quantile(sorted, 0.5)?,
+            p90: quantile(sorted, 0.9)?,
+            p99: quantile(sorted, 0.99)?,
+            p999: quantile(sorted, 0.999)?,
+            max: *sorted.last()?,
+        })
+    }
+
+    /// One table row in milliseconds: min p50 p90 p99 p99.9 max.
+    pub fn row(&self) -> String {
+        format!(
+            "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            ms(self.min),
+            ms(self.p50),
+            ms(self.p90),
+            ms(self.p99),
+            ms(self.p999),
+            ms(self.max)
+        )
+    }
+
+    /// The header matching [`Spread::row`].
+    pub fn header() -> String {
+        format!(
+            "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "min", "p50", "p90", "p99", "p99.9", "max"
+        )
+    }
+
+    /// As JSON, in milliseconds.
+    pub fn json(&self) -> Value {
+        let ms = |us: i64| us as f64 / 1000.0;
+        json!({
+            "count": self.count,
+            "min_ms": ms(self.min), "p50_ms": ms(self.p50), "p90_ms": ms(self.p90),
+            "p99_ms": ms(self.p99), "p999_ms": ms(self.p999), "max_ms": ms(self.max),
+        })
+    }
+}
+
+/// Microseconds shown as milliseconds with one decimal.
+pub fn ms(us: i64) -> String {
+    format!("{:.1}", us as f64 / 1000.0)
+}
+
+/// Bytes shown as MiB with one decimal.
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// One target of issue #6: what is compared, the figure, and whether it is met.
+pub struct Target {
+    /// What is measured and its limit, e.g. "steady p99 lateness <= 5 ms".
+    pub name: String,
+    /// The measured figure, as shown.
+    pub figure: String,
+    /// Met or not.
+    pub pass: bool,
+}
+
+impl Target {
+    /// A target.
+    pub fn new(name: impl Into<String>, figure: impl Into<String>, pass: bool) -> Self {
+        Self {
+            name: name.into(),
+            figure: figure.into(),
+            pass,
+        }
+    }
+
+    fn verdict(&self) -> &'static str {
+        if self.pass { "PASS" } else { "MISS" }
+    }
+}
+
+/// Prints the targets, one per line.
+pub fn print_targets(targets: &[Target]) {
+    println!("targets:");
+    for t in targets {
+        println!("  {}  {:<48} measured {}", t.verdict(), t.name, t.figure);
+    }
+}
+
+/// The targets as JSON.
+pub fn targets_json(targets: &[Target]) -> Value {
+    targets
+        .iter()
+        .map(|t| json!({"target": t.name, "measured": t.figure, "verdict": t.verdict()}))
+        .collect()
+}
+
+/// How the bridge under test runs, for the report.
+pub fn bridge_description() -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "delay-bridge".into());
+    let build = if cfg!(debug_assertions) {
+        "DEBUG build: figures are not representative, use --release"
+    } else {
+        "release build"
+    };
+    format!("`{exe} run` in a child process ({build})")
 }

@@ -1,0 +1,199 @@
+//! The broker's own ceiling, which every other broker scenario measures first: persistent
+//! messages published with confirms (the same publisher, confirm window and body size as
+//! the scenarios) through one plain durable queue to the same auto-ack collector.
+//!
+//! Two passes: flat out (throughput; latency there is mostly queueing behind the confirm
+//! window), then paced at a moderate rate for 5 s (latency of one broker round trip, the
+//! floor under the bridge's lateness, which ends with exactly such a trip).
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use serde_json::{Value, json};
+
+use delay_bridge::amqp;
+use delay_bridge::config::Config;
+use delay_bridge::contract::PERSISTENT;
+
+use super::load::{Arrivals, Collector, HEADER_BYTES, Outgoing, body, now_us, publish};
+use super::{Spread, ms};
+
+/// `bench baseline` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Messages to send flat out through the plain queue.
+    #[arg(long, default_value_t = 50_000)]
+    count: u64,
+    /// The paced pass's rate, msg/s (it lasts 5 s).
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// Body size, bytes (at least 16).
+    #[arg(long, default_value_t = 100)]
+    body_size: usize,
+}
+
+/// The options every broker scenario uses for its baseline.
+#[derive(Debug, clap::Args)]
+pub struct BaselineArgs {
+    /// Messages to send flat out through the plain queue for the baseline.
+    #[arg(long, default_value_t = 50_000)]
+    pub baseline_count: u64,
+}
+
+/// How long the paced pass lasts.
+const PACED_FOR: Duration = Duration::from_secs(5);
+
+/// The broker's ceiling on this machine, now.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    /// Messages sent flat out.
+    pub count: u64,
+    /// Body size, bytes.
+    pub body_size: usize,
+    /// Flat out: messages per second, from the first publish to the last arrival.
+    pub rate: f64,
+    /// Flat out: arrival minus send time.
+    pub latency: Spread,
+    /// The paced pass's rate, msg/s.
+    pub paced_rate: f64,
+    /// Paced: arrival minus send time.
+    pub paced_latency: Spread,
+}
+
+impl Baseline {
+    /// One line for a scenario's report.
+    pub fn line(&self) -> String {
+        format!(
+            "baseline (plain durable queue, same publisher and consumer, {} B): flat out {:.0} msg/s (latency p50 {} ms, p99 {} ms); paced at {} msg/s latency p50 {} ms, p99 {} ms, max {} ms",
+            self.body_size,
+            self.rate,
+            ms(self.latency.p50),
+            ms(self.latency.p99),
+            self.paced_rate,
+            ms(self.paced_latency.p50),
+            ms(self.paced_latency.p99),
+            ms(self.paced_latency.max),
+        )
+    }
+
+    /// As JSON.
+    pub fn json(&self) -> Value {
+        json!({
+            "count": self.count,
+            "body_bytes": self.body_size,
+            "msg_per_s": self.rate.round(),
+            "latency": self.latency.json(),
+            "paced_msg_per_s": self.paced_rate,
+            "paced_latency": self.paced_latency.json(),
+        })
+    }
+}
+
+/// Measures the baseline on a fresh, uniquely named durable queue, deleted afterwards:
+/// `count` messages flat out, then `paced_rate` msg/s for 5 s.
+pub async fn measure(
+    config: &Config,
+    count: u64,
+    body_size: usize,
+    paced_rate: f64,
+) -> Result<Baseline> {
+    let count = count.max(1);
+    let queue = format!(
+        "delay-bridge-bench-baseline-{:06x}",
+        rand::random::<u32>() & 0xff_ffff
+    );
+    let publisher = amqp::connect(&config.url, "delay-bridge bench baseline publisher").await?;
+    let consumer = amqp::connect(&config.url, "delay-bridge bench baseline consumer").await?;
+    let channel = amqp::confirm_channel(&publisher).await?;
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let paced_count = (paced_rate * PACED_FOR.as_secs_f64()).round().max(1.0) as u64;
+    let passes = async {
+        let flat = pass(&channel, &consumer, &queue, count, None, body_size).await?;
+        let paced = pass(
+            &channel,
+            &consumer,
+            &queue,
+            paced_count,
+            Some(paced_rate),
+            body_size,
+        )
+        .await?;
+        Ok::<_, anyhow::Error>((flat, paced))
+    }
+    .await;
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    let _ = publisher.close(200, "done".into()).await;
+    let _ = consumer.close(200, "done".into()).await;
+    let ((started_us, flat), (_, paced)) = passes?;
+    let seconds = flat.last_us.saturating_sub(started_us) as f64 / 1e6;
+    Ok(Baseline {
+        count,
+        body_size: body_size.max(HEADER_BYTES),
+        rate: count as f64 / seconds.max(1e-6),
+        latency: Spread::of(&flat.lateness_us).expect("count >= 1"),
+        paced_rate,
+        paced_latency: Spread::of(&paced.lateness_us).expect("paced count >= 1"),
+    })
+}
+
+/// One pass through the queue: the first publish time and what arrived (all of it, once,
+/// or an error).
+async fn pass(
+    channel: &Channel,
+    consumer: &Connection,
+    queue: &str,
+    count: u64,
+    rate: Option<f64>,
+    body_size: usize,
+) -> Result<(u64, Arrivals)> {
+    let collector = Collector::start(consumer, queue, count).await?;
+    let published = publish(channel, count, rate, |seq| Outgoing {
+        exchange: "".into(),
+        routing_key: queue.into(),
+        body: body(seq, now_us(), body_size),
+        properties: BasicProperties::default().with_delivery_mode(PERSISTENT),
+    })
+    .await;
+    // If publishing failed, stop collecting at once.
+    let wait = if published.is_ok() { 60 } else { 0 };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let arrivals = collector.finish(deadline, Duration::ZERO).await?;
+    let published = published?;
+    if arrivals.missing() > 0 || arrivals.duplicates > 0 {
+        bail!(
+            "the baseline lost {} and duplicated {} of {count} messages: the broker is not healthy",
+            arrivals.missing(),
+            arrivals.duplicates
+        );
+    }
+    Ok((published.started_us, arrivals))
+}
+
+/// `bench baseline`: the ceiling alone.
+pub async fn run(config: &Config, args: &Args) -> Result<()> {
+    let baseline = measure(config, args.count, args.body_size, args.rate).await?;
+    println!("baseline: broker {}, no bridge", config.url);
+    println!("{}", baseline.line());
+    println!("latency, ms:          {}", Spread::header());
+    println!("  flat out            {}", baseline.latency.row());
+    println!("  paced               {}", baseline.paced_latency.row());
+    println!(
+        "{}",
+        json!({"scenario": "baseline", "bridge": "none", "baseline": baseline.json()})
+    );
+    Ok(())
+}

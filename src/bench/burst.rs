@@ -1,0 +1,172 @@
+//! A burst: `count` messages all due at the same instant, published ahead of it as fast as
+//! the broker confirms. Drain rate is messages over the time from the due instant to the
+//! last arrival, compared with the baseline's rate.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use delay_bridge::amqp;
+use delay_bridge::bridge::now_ms;
+use delay_bridge::config::Config;
+
+use super::baseline::{self, BaselineArgs};
+use super::load::{Collector, due_at, publish};
+use super::{Spread, Target, bridge_description, mib, print_targets, targets_json};
+use crate::sandbox::Sandbox;
+
+/// `bench burst` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Messages, all due at the same instant.
+    #[arg(long, default_value_t = 50_000)]
+    count: u64,
+    /// Body size, bytes (at least 16).
+    #[arg(long, default_value_t = 100)]
+    body_size: usize,
+    #[command(flatten)]
+    baseline: BaselineArgs,
+}
+
+/// Target of issue #6: drain rate as a share of the baseline.
+const DRAIN_RATIO_TARGET: f64 = 0.6;
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    let count = args.count.max(1);
+    let baseline = baseline::measure(
+        base,
+        args.baseline.baseline_count,
+        args.body_size,
+        2000.0,
+    )
+    .await?;
+    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-burst").await?;
+    // Due far enough ahead that publishing (at the baseline's pace, with slack) ends first.
+    let lead = Duration::from_secs(3) + Duration::from_secs_f64(3.0 * count as f64 / baseline.rate);
+    let measured = measure(&mut sandbox, args, count, lead).await;
+    sandbox.finish().await?;
+    let m = measured?;
+
+    let drain_s = m.arrivals.last_us.saturating_sub(m.due_ms * 1000) as f64 / 1e6;
+    let drain_rate = m.arrivals.received as f64 / drain_s.max(1e-6);
+    let ratio = drain_rate / baseline.rate;
+    println!(
+        "burst: {count} messages all due at one instant ({:.1} s after the first publish), body {} B",
+        lead.as_secs_f64(),
+        args.body_size
+    );
+    println!("bridge: {}", bridge_description());
+    println!("broker: {}", base.url);
+    println!("{}", baseline.line());
+    println!(
+        "published in {:.2} s; received {}, missing {}, duplicates {}",
+        (m.published_us.1 - m.published_us.0) as f64 / 1e6,
+        m.arrivals.received,
+        m.arrivals.missing(),
+        m.arrivals.duplicates
+    );
+    println!(
+        "drained in {drain_s:.2} s after the due instant: {drain_rate:.0} msg/s = {ratio:.2} x baseline"
+    );
+    let spread = Spread::of(&m.arrivals.lateness_us);
+    if let Some(s) = &spread {
+        println!("lateness (arrival - due), ms: {}", Spread::header());
+        println!("                              {}", s.row());
+    }
+    println!(
+        "bridge process: CPU {:.1} s, {:.0} us per message; RSS {} at start, {} at end, peak {}",
+        m.cpu.as_secs_f64(),
+        m.cpu.as_secs_f64() * 1e6 / count as f64,
+        mib(m.rss.0),
+        mib(m.rss.1),
+        mib(m.rss.2)
+    );
+    let targets = [
+        Target::new(
+            format!("burst drain >= {DRAIN_RATIO_TARGET} x baseline"),
+            format!("{ratio:.2} x ({drain_rate:.0} / {:.0} msg/s)", baseline.rate),
+            ratio >= DRAIN_RATIO_TARGET,
+        ),
+        Target::new(
+            "every message once",
+            format!(
+                "{} missing, {} duplicates",
+                m.arrivals.missing(),
+                m.arrivals.duplicates
+            ),
+            m.arrivals.missing() == 0 && m.arrivals.duplicates == 0,
+        ),
+    ];
+    print_targets(&targets);
+    println!(
+        "{}",
+        json!({
+            "scenario": "burst",
+            "bridge": bridge_description(),
+            "baseline": baseline.json(),
+            "count": count,
+            "received": m.arrivals.received, "missing": m.arrivals.missing(),
+            "duplicates": m.arrivals.duplicates,
+            "drain_s": drain_s, "drain_msg_per_s": drain_rate.round(),
+            "drain_ratio": (ratio * 1000.0).round() / 1000.0,
+            "lateness": spread.map(|s| s.json()),
+            "bridge_cpu_s": m.cpu.as_secs_f64(),
+            "bridge_rss_start_bytes": m.rss.0, "bridge_rss_end_bytes": m.rss.1,
+            "bridge_peak_rss_bytes": m.rss.2,
+            "targets": targets_json(&targets),
+        })
+    );
+    Ok(())
+}
+
+struct Measured {
+    arrivals: super::load::Arrivals,
+    due_ms: u64,
+    published_us: (u64, u64),
+    cpu: Duration,
+    /// RSS at start, at end, peak.
+    rss: (u64, u64, u64),
+}
+
+async fn measure(
+    sandbox: &mut Sandbox,
+    args: &Args,
+    count: u64,
+    lead: Duration,
+) -> Result<Measured> {
+    sandbox.run_process().await?;
+    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let start = process.usage()?;
+    let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
+    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
+    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let due_ms = now_ms() + lead.as_millis() as u64;
+    let ingress = sandbox.ingress.clone();
+    let published = publish(&channel, count, None, |seq| {
+        due_at(&ingress, seq, due_ms, args.body_size)
+    })
+    .await?;
+    if published.confirmed_us > due_ms * 1000 {
+        bail!(
+            "publishing the burst took longer than its {:.1} s lead; the due instant passed first",
+            lead.as_secs_f64()
+        );
+    }
+    let deadline = tokio::time::Instant::now()
+        + lead
+        + Duration::from_secs(60)
+        + Duration::from_millis(count / 100);
+    let arrivals = collector
+        .finish(deadline, Duration::from_secs(1))
+        .await?;
+    let end = process.usage()?;
+    let _ = consumer.close(200, "done".into()).await;
+    Ok(Measured {
+        arrivals,
+        due_ms,
+        published_us: (published.started_us, published.confirmed_us),
+        cpu: end.cpu.saturating_sub(start.cpu),
+        rss: (start.rss, end.rss, end.peak_rss),
+    })
+}

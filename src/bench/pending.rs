@@ -1,0 +1,273 @@
+//! Scale: `count` long-delay messages published through a bridge child process until they
+//! all sit in the level queues. At the start, at a checkpoint and at the end the broker's
+//! memory (after a full GC) and the bridge's RSS are read: memory per pending message is
+//! the growth over the count, and the bridge's RSS should not grow with it.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use delay_bridge::amqp;
+use delay_bridge::bridge::now_ms;
+use delay_bridge::config::{Config, QueueType};
+use delay_bridge::ladder::parse_duration;
+
+use super::baseline::{self, BaselineArgs};
+use super::broker_memory::Ctl;
+use super::load::{due_at, publish};
+use super::{Target, bridge_description, mib, print_targets, targets_json};
+use crate::sandbox::process::ProcessUsage;
+use crate::sandbox::{Sandbox, queue_counts};
+
+/// `bench pending` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Messages left pending in the levels.
+    #[arg(long, default_value_t = 1_000_000)]
+    count: u64,
+    /// An intermediate count at which memory is read too (the base of "flat").
+    #[arg(long, default_value_t = 100_000)]
+    checkpoint: u64,
+    /// Their delay (they stay pending for the whole run).
+    #[arg(long, default_value = "7d")]
+    delay: String,
+    /// Body size, bytes (at least 16).
+    #[arg(long, default_value_t = 100)]
+    body_size: usize,
+    /// How to run rabbitmqctl against the broker under test (for example
+    /// "bash scripts/broker4.sh ctl").
+    #[arg(long, env = "DELAY_BRIDGE_CTL", default_value = "rabbitmqctl")]
+    ctl: String,
+    #[command(flatten)]
+    baseline: BaselineArgs,
+}
+
+/// Targets of issue #6.
+const RSS_LIMIT: u64 = 64 * 1024 * 1024;
+const RSS_FLAT_GROWTH: f64 = 0.10;
+const BROKER_BYTES_PER_MESSAGE: f64 = 200.0;
+
+/// Readings at one pending count.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    pending: u64,
+    broker_total: u64,
+    queue_memory: u64,
+    bridge: ProcessUsage,
+    /// Seconds from the first publish of this step until the levels held it all.
+    seconds: f64,
+}
+
+impl Reading {
+    fn json(&self) -> Value {
+        json!({
+            "pending": self.pending,
+            "broker_total_bytes": self.broker_total,
+            "queue_memory_bytes": self.queue_memory,
+            "bridge_rss_bytes": self.bridge.rss,
+            "bridge_peak_rss_bytes": self.bridge.peak_rss,
+            "bridge_cpu_s": self.bridge.cpu.as_secs_f64(),
+            "seconds": self.seconds,
+        })
+    }
+}
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    let delay = parse_duration(&args.delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
+    if delay < Duration::from_secs(3600) {
+        bail!("--delay must be at least 1h so nothing falls due during the run");
+    }
+    let ctl = Ctl::parse(&args.ctl)?;
+    ctl.total_after_gc().await.context(
+        "this scenario reads the broker's memory with rabbitmqctl; set --ctl or DELAY_BRIDGE_CTL",
+    )?;
+    let count = args.count.max(1);
+    let mut steps = vec![count];
+    if args.checkpoint > 0 && args.checkpoint < count {
+        steps.insert(0, args.checkpoint);
+    }
+    let baseline = baseline::measure(
+        base,
+        args.baseline.baseline_count,
+        args.body_size,
+        2000.0,
+    )
+    .await?;
+    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-pending").await?;
+    let measured = measure(&mut sandbox, args, &ctl, &steps, delay).await;
+    println!("deleting the benchmark's queues ({count} messages)...");
+    sandbox.finish().await?;
+    let readings = measured?;
+    report(base, args, &baseline, &readings);
+    Ok(())
+}
+
+async fn measure(
+    sandbox: &mut Sandbox,
+    args: &Args,
+    ctl: &Ctl,
+    steps: &[u64],
+    delay: Duration,
+) -> Result<Vec<Reading>> {
+    sandbox.run_process().await?;
+    let sandbox = &*sandbox;
+    let mut readings = vec![read(sandbox, ctl, 0, 0.0).await?];
+    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let work_queue = sandbox.config.names.work_queue();
+    let mut published = 0u64;
+    for &step in steps {
+        let started = tokio::time::Instant::now();
+        let ingress = sandbox.ingress.clone();
+        let offset = published;
+        publish(&channel, step - published, None, |seq| {
+            due_at(
+                &ingress,
+                offset + seq,
+                now_ms() + delay.as_millis() as u64,
+                args.body_size,
+            )
+        })
+        .await?;
+        published = step;
+        // Wait until the bridge has moved every message into a level.
+        let deadline = started + Duration::from_secs(120) + Duration::from_millis(step);
+        loop {
+            let waiting = queue_counts(&sandbox.conn, &work_queue).await?.messages;
+            if waiting == 0 && sandbox.pending_in_levels().await? >= step {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the levels did not reach {step} pending messages in time");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        readings.push(read(sandbox, ctl, step, seconds).await?);
+        eprintln!("  {step} pending after {seconds:.1} s");
+    }
+    Ok(readings)
+}
+
+async fn read(sandbox: &Sandbox, ctl: &Ctl, pending: u64, seconds: f64) -> Result<Reading> {
+    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let prefix = format!("{}.", sandbox.config.names.prefix());
+    Ok(Reading {
+        pending,
+        broker_total: ctl.total_after_gc().await?,
+        queue_memory: ctl.queues(&prefix).await?.bytes,
+        bridge: process.usage()?,
+        seconds,
+    })
+}
+
+fn report(base: &Config, args: &Args, baseline: &baseline::Baseline, readings: &[Reading]) {
+    let first = readings[0];
+    let last = *readings.last().expect("a reading per step");
+    let per_message = |r: &Reading, bytes: fn(&Reading) -> u64| {
+        bytes(r).saturating_sub(bytes(&first)) as f64 / r.pending.max(1) as f64
+    };
+    println!(
+        "pending: {} messages of {} B, delay {}, {} level queues (ladder {}, {})",
+        last.pending,
+        args.body_size,
+        args.delay,
+        base.queue_type,
+        base.ladder,
+        base.ladder.levels().len()
+    );
+    println!("bridge: {}", bridge_description());
+    println!("broker: {}", base.url);
+    println!("{}", baseline.line());
+    println!(
+        "{:>10} {:>14} {:>12} {:>14} {:>12} {:>12} {:>10} {:>9}",
+        "pending",
+        "broker total",
+        "B/msg",
+        "level queues",
+        "B/msg",
+        "bridge RSS",
+        "peak RSS",
+        "hops/s"
+    );
+    let mut previous = first;
+    for r in readings {
+        let moved = r.pending - previous.pending;
+        println!(
+            "{:>10} {:>14} {:>12} {:>14} {:>12} {:>12} {:>10} {:>9}",
+            r.pending,
+            mib(r.broker_total),
+            if r.pending == 0 {
+                "-".into()
+            } else {
+                format!("{:.0}", per_message(r, |r| r.broker_total))
+            },
+            mib(r.queue_memory),
+            if r.pending == 0 {
+                "-".into()
+            } else {
+                format!("{:.0}", per_message(r, |r| r.queue_memory))
+            },
+            mib(r.bridge.rss),
+            mib(r.bridge.peak_rss),
+            if moved == 0 {
+                "-".into()
+            } else {
+                format!("{:.0}", moved as f64 / r.seconds.max(1e-6))
+            }
+        );
+        previous = *r;
+    }
+    println!(
+        "baseline publish rate for scale: {:.0} msg/s; the levels filled at the hops/s above",
+        baseline.rate
+    );
+    let broker_per_msg = per_message(&last, |r| r.broker_total);
+    let mut targets = Vec::new();
+    if base.queue_type == QueueType::Classic {
+        targets.push(Target::new(
+            format!("broker memory <= {BROKER_BYTES_PER_MESSAGE} B per pending message"),
+            format!("{broker_per_msg:.0} B"),
+            broker_per_msg <= BROKER_BYTES_PER_MESSAGE,
+        ));
+    }
+    targets.push(Target::new(
+        format!("bridge RSS <= 64 MiB at {} pending", last.pending),
+        mib(last.bridge.rss),
+        last.bridge.rss <= RSS_LIMIT,
+    ));
+    if readings.len() > 2 {
+        let base_rss = readings[1];
+        let growth = last.bridge.rss as f64 / base_rss.bridge.rss.max(1) as f64 - 1.0;
+        targets.push(Target::new(
+            format!(
+                "bridge RSS flat {} -> {} pending (<= {:.0}% growth)",
+                base_rss.pending,
+                last.pending,
+                RSS_FLAT_GROWTH * 100.0
+            ),
+            format!(
+                "{} -> {} ({:+.1}%)",
+                mib(base_rss.bridge.rss),
+                mib(last.bridge.rss),
+                growth * 100.0
+            ),
+            growth <= RSS_FLAT_GROWTH,
+        ));
+    }
+    print_targets(&targets);
+    println!(
+        "{}",
+        json!({
+            "scenario": "pending",
+            "bridge": bridge_description(),
+            "baseline": baseline.json(),
+            "queue_type": base.queue_type.to_string(),
+            "body_bytes": args.body_size,
+            "readings": readings.iter().map(Reading::json).collect::<Vec<_>>(),
+            "broker_bytes_per_pending_message": broker_per_msg.round(),
+            "queue_bytes_per_pending_message": per_message(&last, |r| r.queue_memory).round(),
+            "targets": targets_json(&targets),
+        })
+    );
+}

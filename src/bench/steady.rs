@@ -1,0 +1,194 @@
+//! Steady load: `rate` messages per second for `seconds`, each due a uniformly random
+//! delay in [min, max] after it is published (header `x-deliver-at`), through a bridge
+//! child process. Lateness is arrival at the consumer minus the due time.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use delay_bridge::amqp;
+use delay_bridge::bridge::now_ms;
+use delay_bridge::config::Config;
+use delay_bridge::ladder::{format_duration, parse_duration};
+
+use super::baseline::{self, BaselineArgs};
+use super::load::{Collector, due_at, publish};
+use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
+use crate::sandbox::Sandbox;
+
+/// `bench steady` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Messages per second.
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// How long to publish, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// The shortest delay.
+    #[arg(long, default_value = "1s")]
+    min_delay: String,
+    /// The longest delay.
+    #[arg(long, default_value = "20s")]
+    max_delay: String,
+    /// Body size, bytes (at least 16).
+    #[arg(long, default_value_t = 100)]
+    body_size: usize,
+    #[command(flatten)]
+    baseline: BaselineArgs,
+}
+
+/// Targets of issue #6 on the 2-core reference machine.
+const P99_LIMIT_MS: f64 = 5.0;
+const MAX_LIMIT_MS: f64 = 50.0;
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    let min = parse_duration(&args.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
+    let max = parse_duration(&args.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
+    anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
+    anyhow::ensure!(args.rate > 0.0 && args.seconds > 0.0, "--rate and --seconds must be > 0");
+    let count = (args.rate * args.seconds).round().max(1.0) as u64;
+
+    let baseline = baseline::measure(
+        base,
+        args.baseline.baseline_count,
+        args.body_size,
+        args.rate,
+    )
+    .await?;
+    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-steady").await?;
+    let measured = measure(&mut sandbox, args, count, min, max).await;
+    sandbox.finish().await?;
+    let m = measured?;
+
+    println!(
+        "steady: {} msg/s for {} s ({count} messages), delays uniform over [{}, {}], body {} B",
+        args.rate,
+        args.seconds,
+        format_duration(min),
+        format_duration(max),
+        args.body_size
+    );
+    println!("bridge: {}", bridge_description());
+    println!("broker: {}", base.url);
+    println!("{}", baseline.line());
+    println!(
+        "published {count} at {:.0} msg/s achieved; received {}, missing {}, duplicates {}, early {}",
+        m.achieved_rate,
+        m.arrivals.received,
+        m.arrivals.missing(),
+        m.arrivals.duplicates,
+        m.early
+    );
+    let spread = Spread::of(&m.arrivals.lateness_us);
+    if let Some(s) = &spread {
+        println!("lateness (arrival - due), ms: {}", Spread::header());
+        println!("                              {}", s.row());
+    }
+    println!(
+        "bridge process: CPU {:.1} s over {:.0} s ({:.0}% of one core), {:.0} us per message; RSS {} at start, {} at end, peak {}",
+        m.cpu.as_secs_f64(),
+        m.wall.as_secs_f64(),
+        100.0 * m.cpu.as_secs_f64() / m.wall.as_secs_f64().max(1e-9),
+        m.cpu.as_secs_f64() * 1e6 / count as f64,
+        mib(m.rss_start),
+        mib(m.rss_end),
+        mib(m.peak_rss)
+    );
+    let (p99, max_late) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
+    let targets = [
+        Target::new(
+            format!("steady p99 lateness <= {P99_LIMIT_MS} ms"),
+            format!("{} ms", ms(p99)),
+            (p99 as f64) <= P99_LIMIT_MS * 1000.0,
+        ),
+        Target::new(
+            format!("steady max lateness <= {MAX_LIMIT_MS} ms"),
+            format!("{} ms", ms(max_late)),
+            (max_late as f64) <= MAX_LIMIT_MS * 1000.0,
+        ),
+        Target::new(
+            "every message once, none early",
+            format!(
+                "{} missing, {} duplicates, {} early",
+                m.arrivals.missing(),
+                m.arrivals.duplicates,
+                m.early
+            ),
+            m.arrivals.missing() == 0 && m.arrivals.duplicates == 0 && m.early == 0,
+        ),
+    ];
+    print_targets(&targets);
+    println!(
+        "{}",
+        json!({
+            "scenario": "steady",
+            "bridge": bridge_description(),
+            "baseline": baseline.json(),
+            "rate": args.rate, "seconds": args.seconds, "count": count,
+            "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
+            "achieved_rate": m.achieved_rate.round(),
+            "received": m.arrivals.received, "missing": m.arrivals.missing(),
+            "duplicates": m.arrivals.duplicates, "early": m.early,
+            "lateness": spread.map(|s| s.json()),
+            "bridge_cpu_s": m.cpu.as_secs_f64(),
+            "bridge_rss_start_bytes": m.rss_start, "bridge_rss_end_bytes": m.rss_end,
+            "bridge_peak_rss_bytes": m.peak_rss,
+            "targets": targets_json(&targets),
+        })
+    );
+    Ok(())
+}
+
+struct Measured {
+    arrivals: super::load::Arrivals,
+    early: usize,
+    achieved_rate: f64,
+    cpu: Duration,
+    wall: Duration,
+    rss_start: u64,
+    rss_end: u64,
+    peak_rss: u64,
+}
+
+async fn measure(
+    sandbox: &mut Sandbox,
+    args: &Args,
+    count: u64,
+    min: Duration,
+    max: Duration,
+) -> Result<Measured> {
+    sandbox.run_process().await?;
+    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let start = process.usage()?;
+    let started = tokio::time::Instant::now();
+    let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
+    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
+    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
+    let ingress = sandbox.ingress.clone();
+    let body_size = args.body_size;
+    let published = publish(&channel, count, Some(args.rate), |seq| {
+        let delay = rand::random_range(min_ms..=max_ms);
+        due_at(&ingress, seq, now_ms() + delay, body_size)
+    })
+    .await?;
+    let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
+    let arrivals = collector
+        .finish(deadline, Duration::from_secs(1))
+        .await?;
+    let end = process.usage()?;
+    let _ = consumer.close(200, "done".into()).await;
+    let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
+    Ok(Measured {
+        early: arrivals.lateness_us.iter().take_while(|l| **l < 0).count(),
+        arrivals,
+        achieved_rate: count as f64 / publish_s.max(1e-9),
+        cpu: end.cpu.saturating_sub(start.cpu),
+        wall: started.elapsed(),
+        rss_start: start.rss,
+        rss_end: end.rss,
+        peak_rss: end.peak_rss,
+    })
+}
