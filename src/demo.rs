@@ -46,7 +46,9 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
         &sandbox.conn,
         sandbox.ingress.as_str(),
         &sandbox.config,
-        sandbox.stats().context("the demo's bridge runs in process")?,
+        sandbox
+            .stats()
+            .context("the demo's bridge runs in process")?,
     );
     let inbox = conn.create_channel().await?;
     let mut consumer = inbox

@@ -171,7 +171,11 @@ async fn run(config: Config) -> Result<()> {
         tracing::info!("shutdown requested");
         on_signal.cancel();
     });
-    delay_bridge::bridge::run(config, shutdown).await?;
+    // On a worker thread, not on the main thread that blocks on this future: the session
+    // loop and the message tasks then share the runtime's workers.
+    tokio::spawn(delay_bridge::bridge::run(config, shutdown))
+        .await
+        .context("the bridge task panicked")??;
     Ok(())
 }
 

@@ -34,13 +34,8 @@ const DRAIN_RATIO_TARGET: f64 = 0.6;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let count = args.count.max(1);
-    let baseline = baseline::measure(
-        base,
-        args.baseline.baseline_count,
-        args.body_size,
-        2000.0,
-    )
-    .await?;
+    let baseline =
+        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-burst").await?;
     // Due far enough ahead that publishing (at the baseline's pace, with slack) ends first.
     let lead = Duration::from_secs(3) + Duration::from_secs_f64(3.0 * count as f64 / baseline.rate);
@@ -85,7 +80,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let targets = [
         Target::new(
             format!("burst drain >= {DRAIN_RATIO_TARGET} x baseline"),
-            format!("{ratio:.2} x ({drain_rate:.0} / {:.0} msg/s)", baseline.rate),
+            format!(
+                "{ratio:.2} x ({drain_rate:.0} / {:.0} msg/s)",
+                baseline.rate
+            ),
             ratio >= DRAIN_RATIO_TARGET,
         ),
         Target::new(
@@ -136,7 +134,9 @@ async fn measure(
     lead: Duration,
 ) -> Result<Measured> {
     sandbox.run_process().await?;
-    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let process = sandbox
+        .process()
+        .context("the bridge runs in a child process")?;
     let start = process.usage()?;
     let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
@@ -157,9 +157,7 @@ async fn measure(
         + lead
         + Duration::from_secs(60)
         + Duration::from_millis(count / 100);
-    let arrivals = collector
-        .finish(deadline, Duration::from_secs(1))
-        .await?;
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
     let _ = consumer.close(200, "done".into()).await;
     Ok(Measured {

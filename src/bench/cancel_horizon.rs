@@ -58,7 +58,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let first = parse_duration(&args.delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
     let bench = Sandbox::start(base, "delay-bridge-bench-cancel").await?;
     let samples = measure(&bench, &leads, args.count, first).await;
-    let stats = bench.stats().context("this bench runs the bridge in process")?;
+    let stats = bench
+        .stats()
+        .context("this bench runs the bridge in process")?;
     let counters = (Stats::get(&stats.cancelled), Stats::get(&stats.delivered));
     bench.finish().await?;
     report(&samples?, counters, base);

@@ -42,13 +42,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         bail!("--delay must exceed 10 minutes plus twice the smallest level plus the margin");
     }
     let count = args.count.max(1);
-    let baseline = baseline::measure(
-        base,
-        args.baseline.baseline_count,
-        args.body_size,
-        2000.0,
-    )
-    .await?;
+    let baseline =
+        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-hop").await?;
     let measured = measure(&mut sandbox, args, count, delay).await;
     sandbox.finish().await?;
@@ -133,18 +128,20 @@ async fn measure(
     let config = &sandbox.config;
     let levels: BTreeSet<String> = [0, 600_000]
         .iter()
-        .filter_map(
-            |ahead| match next_step(due_ms, now_ms() + ahead, &config.ladder, config.margin) {
+        .filter_map(|ahead| {
+            match next_step(due_ms, now_ms() + ahead, &config.ladder, config.margin) {
                 Step::Hop(level) => Some(config.names.level_queue(level)),
                 _ => None,
-            },
-        )
+            }
+        })
         .collect();
     let levels: Vec<String> = levels.into_iter().collect();
 
     sandbox.run_process().await?;
     let started = tokio::time::Instant::now();
-    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let process = sandbox
+        .process()
+        .context("the bridge runs in a child process")?;
     let ready = process.usage()?;
     let deadline = started + Duration::from_secs(60) + Duration::from_millis(count);
     loop {

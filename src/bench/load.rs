@@ -157,9 +157,7 @@ impl Collector {
     /// Starts consuming `queue` on `conn`, expecting sequence numbers `0..expected`.
     pub async fn start(conn: &Connection, queue: &str, expected: u64) -> Result<Self> {
         let channel = conn.create_channel().await?;
-        channel
-            .basic_qos(2000, BasicQosOptions::default())
-            .await?;
+        channel.basic_qos(2000, BasicQosOptions::default()).await?;
         let mut consumer = channel
             .basic_consume(
                 queue.into(),

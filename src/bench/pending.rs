@@ -87,13 +87,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     if args.checkpoint > 0 && args.checkpoint < count {
         steps.insert(0, args.checkpoint);
     }
-    let baseline = baseline::measure(
-        base,
-        args.baseline.baseline_count,
-        args.body_size,
-        2000.0,
-    )
-    .await?;
+    let baseline =
+        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-pending").await?;
     let measured = measure(&mut sandbox, args, &ctl, &steps, delay).await;
     println!("deleting the benchmark's queues ({count} messages)...");
@@ -150,7 +145,9 @@ async fn measure(
 }
 
 async fn read(sandbox: &Sandbox, ctl: &Ctl, pending: u64, seconds: f64) -> Result<Reading> {
-    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let process = sandbox
+        .process()
+        .context("the bridge runs in a child process")?;
     let prefix = format!("{}.", sandbox.config.names.prefix());
     Ok(Reading {
         pending,

@@ -47,7 +47,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let min = parse_duration(&args.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
     let max = parse_duration(&args.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
     anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
-    anyhow::ensure!(args.rate > 0.0 && args.seconds > 0.0, "--rate and --seconds must be > 0");
+    anyhow::ensure!(
+        args.rate > 0.0 && args.seconds > 0.0,
+        "--rate and --seconds must be > 0"
+    );
     let count = (args.rate * args.seconds).round().max(1.0) as u64;
 
     let baseline = baseline::measure(
@@ -160,7 +163,9 @@ async fn measure(
     max: Duration,
 ) -> Result<Measured> {
     sandbox.run_process().await?;
-    let process = sandbox.process().context("the bridge runs in a child process")?;
+    let process = sandbox
+        .process()
+        .context("the bridge runs in a child process")?;
     let start = process.usage()?;
     let started = tokio::time::Instant::now();
     let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
@@ -175,9 +180,7 @@ async fn measure(
     })
     .await?;
     let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
-    let arrivals = collector
-        .finish(deadline, Duration::from_secs(1))
-        .await?;
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
     let _ = consumer.close(200, "done".into()).await;
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;

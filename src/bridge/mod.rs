@@ -221,6 +221,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How long from now until the epoch-ms instant `at` (zero if it has passed), measured
+/// with the clock's full precision.
+pub fn until_epoch_ms(at: u64) -> Duration {
+    (UNIX_EPOCH + Duration::from_millis(at))
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+}
+
 /// Exponential backoff with jitter.
 struct Backoff {
     base: Duration,

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckOp, AckTracker};
 use super::cancels;
-use super::{BridgeError, Shared, now_ms};
+use super::{BridgeError, Shared, now_ms, until_epoch_ms};
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::{self, Published};
 use crate::contract::{
@@ -261,6 +261,7 @@ async fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
 
 impl Task {
     async fn process(&self, delivery: Delivery) -> Outcome {
+        let read_at = now_ms();
         let config = &self.shared.config;
         let intake = Intake {
             work_exchange: &config.names.work_exchange(),
@@ -287,14 +288,16 @@ impl Task {
             }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
                 Step::Hop(level) => return self.hop(&delivery, &envelope, level).await,
-                Step::Hold(rest) => {
+                Step::Hold(_) => {
                     let _ = self.events.send(Event::Held(delivery.delivery_tag));
+                    // Sleep to the due instant itself (µs precision), not to a whole-ms
+                    // remainder, so the timer adds at most its own 1 ms tick.
                     tokio::select! {
-                        _ = tokio::time::sleep(rest) => continue,
+                        _ = tokio::time::sleep(until_epoch_ms(envelope.deliver_at)) => continue,
                         _ = self.stop.cancelled() => return Outcome::Release,
                     }
                 }
-                Step::Deliver => return self.deliver(&delivery, &envelope).await,
+                Step::Deliver => return self.deliver(&delivery, &envelope, read_at).await,
             }
         }
     }
@@ -407,7 +410,7 @@ impl Task {
         }
     }
 
-    async fn deliver(&self, delivery: &Delivery, envelope: &Envelope) -> Outcome {
+    async fn deliver(&self, delivery: &Delivery, envelope: &Envelope, read_at: u64) -> Outcome {
         let properties = delivery_properties(envelope, &self.shared.bridge_user);
         let mut attempt = 0u32;
         let mut channel_errors = 0u32;
@@ -434,6 +437,7 @@ impl Task {
                         routing_key = %envelope.routing_key,
                         hops = envelope.hops,
                         late_ms = now_ms().saturating_sub(envelope.deliver_at),
+                        read_lead_ms = envelope.deliver_at as i64 - read_at as i64,
                         "delivered"
                     );
                     return Outcome::Done;
