@@ -1,6 +1,7 @@
 //! End-to-end tests against the real broker. Each test has its own prefixed topology and
 //! deletes it; waits are on events with deadlines.
 
+mod bench;
 mod cancel;
 mod support;
 mod versions;

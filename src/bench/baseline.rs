@@ -27,9 +27,12 @@ pub struct Args {
     /// Messages to send flat out through the plain queue.
     #[arg(long, default_value_t = 50_000)]
     count: u64,
-    /// The paced pass's rate, msg/s (it lasts 5 s).
+    /// The paced pass's rate, msg/s.
     #[arg(long, default_value_t = 2000.0)]
     rate: f64,
+    /// How long the paced pass lasts, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    paced_seconds: f64,
     /// Body size, bytes (at least 16).
     #[arg(long, default_value_t = 100)]
     body_size: usize,
@@ -41,10 +44,29 @@ pub struct BaselineArgs {
     /// Messages to send flat out through the plain queue for the baseline.
     #[arg(long, default_value_t = 50_000)]
     pub baseline_count: u64,
+    /// How long the baseline's paced pass lasts, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub baseline_paced_seconds: f64,
 }
 
-/// How long the paced pass lasts.
-const PACED_FOR: Duration = Duration::from_secs(5);
+impl BaselineArgs {
+    /// Measures the baseline with these options.
+    pub async fn measure(
+        &self,
+        config: &Config,
+        body_size: usize,
+        paced_rate: f64,
+    ) -> Result<Baseline> {
+        measure(
+            config,
+            self.baseline_count,
+            body_size,
+            paced_rate,
+            self.baseline_paced_seconds,
+        )
+        .await
+    }
+}
 
 /// The broker's ceiling on this machine, now.
 #[derive(Debug, Clone)]
@@ -93,12 +115,13 @@ impl Baseline {
 }
 
 /// Measures the baseline on a fresh, uniquely named durable queue, deleted afterwards:
-/// `count` messages flat out, then `paced_rate` msg/s for 5 s.
+/// `count` messages flat out, then `paced_rate` msg/s for `paced_seconds`.
 pub async fn measure(
     config: &Config,
     count: u64,
     body_size: usize,
     paced_rate: f64,
+    paced_seconds: f64,
 ) -> Result<Baseline> {
     let count = count.max(1);
     let queue = format!(
@@ -118,7 +141,7 @@ pub async fn measure(
             FieldTable::default(),
         )
         .await?;
-    let paced_count = (paced_rate * PACED_FOR.as_secs_f64()).round().max(1.0) as u64;
+    let paced_count = (paced_rate * paced_seconds).round().max(1.0) as u64;
     let passes = async {
         let flat = pass(&channel, &consumer, &queue, count, None, body_size).await?;
         let paced = pass(
@@ -185,7 +208,14 @@ async fn pass(
 
 /// `bench baseline`: the ceiling alone.
 pub async fn run(config: &Config, args: &Args) -> Result<()> {
-    let baseline = measure(config, args.count, args.body_size, args.rate).await?;
+    let baseline = measure(
+        config,
+        args.count,
+        args.body_size,
+        args.rate,
+        args.paced_seconds,
+    )
+    .await?;
     println!("baseline: broker {}, no bridge", config.url);
     println!("{}", baseline.line());
     println!("latency, ms:          {}", Spread::header());

@@ -11,7 +11,7 @@ use delay_bridge::amqp;
 use delay_bridge::bridge::now_ms;
 use delay_bridge::config::Config;
 
-use super::baseline::{self, BaselineArgs};
+use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, print_targets, targets_json};
 use crate::sandbox::Sandbox;
@@ -34,8 +34,7 @@ const DRAIN_RATIO_TARGET: f64 = 0.6;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let count = args.count.max(1);
-    let baseline =
-        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
+    let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-burst").await?;
     // Due far enough ahead that publishing (at the baseline's pace, with slack) ends first.
     let lead = Duration::from_secs(3) + Duration::from_secs_f64(3.0 * count as f64 / baseline.rate);
@@ -77,6 +76,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         mib(m.rss.1),
         mib(m.rss.2)
     );
+    println!("machine CPU busy during the run: {}", m.machine_busy);
     let targets = [
         Target::new(
             format!("burst drain >= {DRAIN_RATIO_TARGET} x baseline"),
@@ -112,6 +112,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             "bridge_cpu_s": m.cpu.as_secs_f64(),
             "bridge_rss_start_bytes": m.rss.0, "bridge_rss_end_bytes": m.rss.1,
             "bridge_peak_rss_bytes": m.rss.2,
+            "machine_cpu_busy": m.machine_busy,
             "targets": targets_json(&targets),
         })
     );
@@ -119,6 +120,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 }
 
 struct Measured {
+    /// How busy the whole machine was during the run.
+    machine_busy: String,
     arrivals: super::load::Arrivals,
     due_ms: u64,
     published_us: (u64, u64),
@@ -138,6 +141,7 @@ async fn measure(
         .process()
         .context("the bridge runs in a child process")?;
     let start = process.usage()?;
+    let machine = super::MachineCpu::now();
     let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
@@ -159,8 +163,10 @@ async fn measure(
         + Duration::from_millis(count / 100);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
+    let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
     Ok(Measured {
+        machine_busy,
         arrivals,
         due_ms,
         published_us: (published.started_us, published.confirmed_us),

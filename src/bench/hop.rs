@@ -15,7 +15,7 @@ use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::plan::{Step, next_step};
 
-use super::baseline::{self, BaselineArgs};
+use super::baseline::BaselineArgs;
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
 use crate::sandbox::{Sandbox, queue_counts};
@@ -42,8 +42,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         bail!("--delay must exceed 10 minutes plus twice the smallest level plus the margin");
     }
     let count = args.count.max(1);
-    let baseline =
-        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
+    let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-hop").await?;
     let measured = measure(&mut sandbox, args, count, delay).await;
     sandbox.finish().await?;

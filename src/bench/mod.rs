@@ -200,3 +200,42 @@ pub fn bridge_description() -> String {
     };
     format!("`{exe} run` in a child process ({build})")
 }
+
+/// The machine's CPU counters (`/proc/stat`, all cores), to report how busy the whole
+/// machine was during a run: on a small machine the broker, the bridge and the load
+/// generator share the cores, and a saturated machine shows up as lateness.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineCpu {
+    busy: u64,
+    total: u64,
+}
+
+impl MachineCpu {
+    /// Reads the counters now (zeros where `/proc/stat` is unreadable).
+    pub fn now() -> Self {
+        let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let total: u64 = ticks.iter().sum();
+        // idle and iowait are the 4th and 5th columns.
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        Self {
+            busy: total - idle,
+            total,
+        }
+    }
+
+    /// The busy share of all cores between `self` and `later`, and the core count.
+    pub fn busy_since(&self, later: &MachineCpu) -> String {
+        let total = later.total.saturating_sub(self.total).max(1) as f64;
+        let busy = later.busy.saturating_sub(self.busy) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("{:.0}% of {cores} cores", 100.0 * busy / total)
+    }
+}

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use delay_bridge::amqp;
 use delay_bridge::bridge::now_ms;
 use delay_bridge::config::{Config, QueueType};
-use delay_bridge::ladder::parse_duration;
+use delay_bridge::ladder::{format_duration, parse_duration};
 
-use super::baseline::{self, BaselineArgs};
+use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
@@ -87,8 +87,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     if args.checkpoint > 0 && args.checkpoint < count {
         steps.insert(0, args.checkpoint);
     }
-    let baseline =
-        baseline::measure(base, args.baseline.baseline_count, args.body_size, 2000.0).await?;
+    let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-pending").await?;
     let measured = measure(&mut sandbox, args, &ctl, &steps, delay).await;
     println!("deleting the benchmark's queues ({count} messages)...");
@@ -158,20 +157,21 @@ async fn read(sandbox: &Sandbox, ctl: &Ctl, pending: u64, seconds: f64) -> Resul
     })
 }
 
-fn report(base: &Config, args: &Args, baseline: &baseline::Baseline, readings: &[Reading]) {
+fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading]) {
     let first = readings[0];
     let last = *readings.last().expect("a reading per step");
     let per_message = |r: &Reading, bytes: fn(&Reading) -> u64| {
         bytes(r).saturating_sub(bytes(&first)) as f64 / r.pending.max(1) as f64
     };
     println!(
-        "pending: {} messages of {} B, delay {}, {} level queues (ladder {}, {})",
+        "pending: {} messages of {} B, delay {}, {} {} level queues ({} .. {})",
         last.pending,
         args.body_size,
         args.delay,
+        base.ladder.levels().len(),
         base.queue_type,
-        base.ladder,
-        base.ladder.levels().len()
+        format_duration(base.ladder.smallest()),
+        format_duration(base.ladder.largest())
     );
     println!("bridge: {}", bridge_description());
     println!("broker: {}", base.url);

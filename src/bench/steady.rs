@@ -12,7 +12,7 @@ use delay_bridge::bridge::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
-use super::baseline::{self, BaselineArgs};
+use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
 use crate::sandbox::Sandbox;
@@ -53,13 +53,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     );
     let count = (args.rate * args.seconds).round().max(1.0) as u64;
 
-    let baseline = baseline::measure(
-        base,
-        args.baseline.baseline_count,
-        args.body_size,
-        args.rate,
-    )
-    .await?;
+    let baseline = args
+        .baseline
+        .measure(base, args.body_size, args.rate)
+        .await?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-steady").await?;
     let measured = measure(&mut sandbox, args, count, min, max).await;
     sandbox.finish().await?;
@@ -100,6 +97,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         mib(m.peak_rss)
     );
     let (p99, max_late) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
+    println!("machine CPU busy during the run: {}", m.machine_busy);
     let targets = [
         Target::new(
             format!("steady p99 lateness <= {P99_LIMIT_MS} ms"),
@@ -138,6 +136,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             "bridge_cpu_s": m.cpu.as_secs_f64(),
             "bridge_rss_start_bytes": m.rss_start, "bridge_rss_end_bytes": m.rss_end,
             "bridge_peak_rss_bytes": m.peak_rss,
+            "machine_cpu_busy": m.machine_busy,
             "targets": targets_json(&targets),
         })
     );
@@ -145,6 +144,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 }
 
 struct Measured {
+    /// How busy the whole machine was during the run.
+    machine_busy: String,
     arrivals: super::load::Arrivals,
     early: usize,
     achieved_rate: f64,
@@ -167,6 +168,7 @@ async fn measure(
         .process()
         .context("the bridge runs in a child process")?;
     let start = process.usage()?;
+    let machine = super::MachineCpu::now();
     let started = tokio::time::Instant::now();
     let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
@@ -182,9 +184,11 @@ async fn measure(
     let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
+    let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
     Ok(Measured {
+        machine_busy,
         early: arrivals.lateness_us.iter().take_while(|l| **l < 0).count(),
         arrivals,
         achieved_rate: count as f64 / publish_s.max(1e-9),

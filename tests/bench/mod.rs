@@ -1,0 +1,179 @@
+//! The benchmarks' own smoke tests: every scenario of `delay-bridge bench` runs through the
+//! binary with tiny counts against the test broker, so the bench cannot rot. They check
+//! what must hold at any size (every message arrives once, none early, the JSON report is
+//! complete, a baseline was measured in the same run); the timing targets are only
+//! reported at these sizes, not asserted.
+
+use serde_json::Value;
+
+use crate::support::*;
+
+/// Runs `delay-bridge bench <args>` with a config for the test broker and returns the
+/// JSON object its output ends with.
+async fn bench(args: &[&str]) -> Value {
+    let config = std::env::temp_dir().join(format!("{}.toml", unique_prefix("bench-smoke")));
+    std::fs::write(
+        &config,
+        config_toml(
+            "unused",
+            "default",
+            "250ms",
+            &[("unused.in".into(), "unused.out".into())],
+            4000,
+        ),
+    )
+    .unwrap();
+    let ctl = std::env::var("DELAY_BRIDGE_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
+            .arg("--config")
+            .arg(&config)
+            .arg("bench")
+            .args(args)
+            .env("DELAY_BRIDGE_CTL", ctl)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the bench finishes within 120 s")
+    .unwrap();
+    let _ = std::fs::remove_file(&config);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_str(stdout.lines().last().expect("a JSON line"))
+        .unwrap_or_else(|e| panic!("the last line is not JSON ({e}):\n{stdout}"));
+    assert_eq!(json["scenario"], args[0]);
+    json
+}
+
+/// Every target is reported with a verdict.
+fn assert_targets(json: &Value, expected: usize) {
+    let targets = json["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), expected, "{json}");
+    for t in targets {
+        assert!(
+            t["verdict"] == "PASS" || t["verdict"] == "MISS",
+            "a target without a verdict: {t}"
+        );
+    }
+}
+
+/// A baseline measured in the same run, with a throughput and latencies.
+fn assert_baseline(json: &Value) {
+    let baseline = &json["baseline"];
+    assert!(baseline["msg_per_s"].as_f64().unwrap() > 0.0, "{json}");
+    assert!(baseline["paced_latency"]["p99_ms"].as_f64().is_some());
+}
+
+const SMALL_BASELINE: [&str; 4] = ["--baseline-count", "200", "--baseline-paced-seconds", "0.5"];
+
+#[tokio::test]
+async fn bench_baseline_smoke() {
+    let json = bench(&[
+        "baseline",
+        "--count",
+        "300",
+        "--rate",
+        "400",
+        "--paced-seconds",
+        "0.5",
+    ])
+    .await;
+    assert_baseline(&json);
+    assert_eq!(json["baseline"]["latency"]["count"], 300);
+    assert_eq!(json["baseline"]["paced_latency"]["count"], 200);
+}
+
+#[tokio::test]
+async fn bench_steady_smoke() {
+    let mut args = vec![
+        "steady",
+        "--rate",
+        "200",
+        "--seconds",
+        "1",
+        "--min-delay",
+        "1s",
+        "--max-delay",
+        "2s",
+    ];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    assert_eq!(json["count"], 200);
+    assert_eq!(json["received"], 200, "{json}");
+    assert_eq!(json["missing"], 0);
+    assert_eq!(json["duplicates"], 0);
+    assert_eq!(json["early"], 0, "never delivered before its due time");
+    assert_eq!(json["lateness"]["count"], 200);
+    assert!(json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0);
+    assert_targets(&json, 3);
+    assert_eq!(json["targets"][2]["verdict"], "PASS", "{json}");
+}
+
+#[tokio::test]
+async fn bench_burst_smoke() {
+    let mut args = vec!["burst", "--count", "500"];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    assert_eq!(json["received"], 500, "{json}");
+    assert_eq!(json["duplicates"], 0);
+    assert!(json["drain_ratio"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0,
+        "none early"
+    );
+    assert_targets(&json, 2);
+    assert_eq!(json["targets"][1]["verdict"], "PASS", "{json}");
+}
+
+#[tokio::test]
+async fn bench_hop_smoke() {
+    let mut args = vec!["hop", "--count", "500"];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    assert_eq!(json["in_levels"], 500, "{json}");
+    assert!(json["hops_per_s"].as_f64().unwrap() > 0.0);
+    assert_targets(&json, 1);
+    assert_eq!(json["targets"][0]["verdict"], "PASS");
+}
+
+#[tokio::test]
+async fn bench_pending_smoke() {
+    let mut args = vec!["pending", "--count", "600", "--checkpoint", "200"];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    let readings = json["readings"].as_array().unwrap();
+    let pending: Vec<u64> = readings
+        .iter()
+        .map(|r| r["pending"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pending, vec![0, 200, 600]);
+    for r in readings {
+        assert!(r["broker_total_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["bridge_rss_bytes"].as_u64().unwrap() > 0, "{r}");
+    }
+    // classic levels: broker memory per message, RSS limit, RSS flat
+    assert_targets(&json, 3);
+}
+
+#[tokio::test]
+async fn bench_ladder_is_pure_and_meets_its_target() {
+    let json = bench(&["ladder", "--samples", "2000"]).await;
+    assert!(json["baseline"].is_null(), "no broker, no baseline");
+    let default = &json["ladders"][0];
+    assert_eq!(default["ladder"], "default");
+    assert_eq!(default["ranges"][0]["range"], "[1s,30d]");
+    assert!(default["ranges"][0]["mean_hops"].as_f64().unwrap() <= 4.0);
+    assert_eq!(default["ranges"][0]["worst_hops"], 4);
+    assert_targets(&json, 1);
+    assert_eq!(json["targets"][0]["verdict"], "PASS");
+}
