@@ -5,16 +5,17 @@
 //! target fail; a closed channel is replaced on next use.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lapin::{Channel, Connection};
-use tokio::sync::Mutex;
 
 use super::confirm_channel;
 
 /// Lazily opened confirm channels, one per target exchange.
 pub struct TargetChannels {
     connection: Arc<Connection>,
+    /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
+    /// of thousands of deliveries due at once must not queue on an async lock.
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -29,20 +30,47 @@ impl TargetChannels {
 
     /// The open channel for `target`, opening a new one if there is none or it was closed.
     pub async fn get(&self, target: &str) -> Result<Channel, lapin::Error> {
-        let mut channels = self.channels.lock().await;
-        if let Some(channel) = channels.get(target)
-            && channel.status().connected()
-        {
-            return Ok(channel.clone());
+        if let Some(channel) = self.open_channel(target) {
+            return Ok(channel);
         }
-        let channel = confirm_channel(&self.connection).await?;
-        channels.insert(target.to_string(), channel.clone());
-        Ok(channel)
+        let opened = confirm_channel(&self.connection).await?;
+        // Another task may have opened one meanwhile: keep the first, close ours.
+        let kept = {
+            let mut channels = self.channels.lock().expect("target channels lock");
+            match channels.get(target) {
+                Some(existing) if existing.status().connected() => Some(existing.clone()),
+                _ => {
+                    channels.insert(target.to_string(), opened.clone());
+                    None
+                }
+            }
+        };
+        match kept {
+            Some(existing) => {
+                let _ = opened.close(200, "opened twice".into()).await;
+                Ok(existing)
+            }
+            None => Ok(opened),
+        }
+    }
+
+    fn open_channel(&self, target: &str) -> Option<Channel> {
+        let channels = self.channels.lock().expect("target channels lock");
+        channels
+            .get(target)
+            .filter(|c| c.status().connected())
+            .cloned()
     }
 
     /// Closes every open target channel (on shutdown).
     pub async fn close_all(&self) {
-        let channels: Vec<Channel> = self.channels.lock().await.drain().map(|(_, c)| c).collect();
+        let channels: Vec<Channel> = self
+            .channels
+            .lock()
+            .expect("target channels lock")
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
         for channel in channels {
             if channel.status().connected() {
                 let _ = channel.close(200, "delay-bridge stopping".into()).await;

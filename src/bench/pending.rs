@@ -160,8 +160,9 @@ async fn read(sandbox: &Sandbox, ctl: &Ctl, pending: u64, seconds: f64) -> Resul
 fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading]) {
     let first = readings[0];
     let last = *readings.last().expect("a reading per step");
+    // Signed: with messages on disk the growth can be below the noise (GC, other queues).
     let per_message = |r: &Reading, bytes: fn(&Reading) -> u64| {
-        bytes(r).saturating_sub(bytes(&first)) as f64 / r.pending.max(1) as f64
+        (bytes(r) as f64 - bytes(&first) as f64) / r.pending.max(1) as f64
     };
     println!(
         "pending: {} messages of {} B, delay {}, {} {} level queues ({} .. {})",

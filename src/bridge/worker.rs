@@ -276,18 +276,22 @@ impl Task {
         if let Some(parked) =
             contract::redelivered_too_often(&delivery.properties, PARK_AFTER_REDELIVERIES)
         {
-            return self.park(&delivery, &delivery.routing_key, parked).await;
+            return Box::pin(self.park(&delivery, &delivery.routing_key, parked)).await;
         }
         let envelope = match contract::decode(incoming, now_ms(), &intake) {
             Ok(envelope) => envelope,
-            Err(parked) => return self.park(&delivery, &delivery.routing_key, parked).await,
+            Err(parked) => {
+                return Box::pin(self.park(&delivery, &delivery.routing_key, parked)).await;
+            }
         };
         loop {
             if self.cancelled(&envelope) {
                 return Outcome::Done;
             }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
-                Step::Hop(level) => return self.hop(&delivery, &envelope, level).await,
+                // Boxed: each task's future is only as large as the step it is in, so
+                // thousands of held or hopping deliveries stay small (bench pending: RSS).
+                Step::Hop(level) => return Box::pin(self.hop(&delivery, &envelope, level)).await,
                 Step::Hold(_) => {
                     let _ = self.events.send(Event::Held(delivery.delivery_tag));
                     // Sleep to the due instant itself (µs precision), not to a whole-ms
@@ -297,7 +301,9 @@ impl Task {
                         _ = self.stop.cancelled() => return Outcome::Release,
                     }
                 }
-                Step::Deliver => return self.deliver(&delivery, &envelope, read_at).await,
+                Step::Deliver => {
+                    return Box::pin(self.deliver(&delivery, &envelope, read_at)).await;
+                }
             }
         }
     }
