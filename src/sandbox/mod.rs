@@ -15,7 +15,7 @@ use lapin::options::{
     QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::bridge::{Bridge, BridgeError, Stats};
@@ -62,6 +62,14 @@ pub struct QueueCounts {
 /// Counts of an existing queue (an error if it does not exist).
 pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts> {
     let channel = conn.create_channel().await?;
+    let counts = counts_on(&channel, queue).await;
+    let _ = channel.close(200, "counted".into()).await;
+    counts
+}
+
+/// Counts of an existing queue by a passive declare on `channel` (which a missing queue
+/// closes).
+async fn counts_on(channel: &Channel, queue: &str) -> Result<QueueCounts> {
     let declared = channel
         .queue_declare(
             queue.into(),
@@ -73,7 +81,6 @@ pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts>
         )
         .await
         .with_context(|| format!("queue {queue}"))?;
-    let _ = channel.close(200, "counted".into()).await;
     Ok(QueueCounts {
         messages: u64::from(declared.message_count()),
         consumers: u64::from(declared.consumer_count()),
@@ -215,18 +222,7 @@ impl Sandbox {
         let channel = self.conn.create_channel().await?;
         let mut total = 0;
         for queue in queues {
-            let declared = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .with_context(|| format!("queue {queue}"))?;
-            total += u64::from(declared.message_count());
+            total += counts_on(&channel, queue).await?.messages;
         }
         let _ = channel.close(200, "counted".into()).await;
         Ok(total)

@@ -8,18 +8,23 @@ use serde_json::Value;
 
 use crate::support::*;
 
-/// Runs `delay-bridge bench <args>` with a config for the test broker and returns the
-/// JSON object its output ends with.
+/// Runs `delay-bridge bench <args>` with the default ladder and prefetch.
 async fn bench(args: &[&str]) -> Value {
+    bench_with("default", 4000, args).await
+}
+
+/// Runs `delay-bridge bench <args>` with a config for the test broker (this ladder and
+/// prefetch) and returns the JSON object its output ends with.
+async fn bench_with(ladder: &str, prefetch: u32, args: &[&str]) -> Value {
     let config = std::env::temp_dir().join(format!("{}.toml", unique_prefix("bench-smoke")));
     std::fs::write(
         &config,
         config_toml(
             "unused",
-            "default",
+            ladder,
             "250ms",
             &[("unused.in".into(), "unused.out".into())],
-            4000,
+            prefetch,
         ),
     )
     .unwrap();
@@ -176,4 +181,34 @@ async fn bench_ladder_is_pure_and_meets_its_target() {
     assert_eq!(default["ranges"][0]["worst_hops"], 4);
     assert_targets(&json, 1);
     assert_eq!(json["targets"][0]["verdict"], "PASS");
+}
+
+#[tokio::test]
+async fn bench_cancel_horizon_smoke() {
+    let json = bench_with(
+        "1s",
+        100,
+        &[
+            "cancel-horizon",
+            "--count",
+            "2",
+            "--leads",
+            "1s 0ms",
+            "--delay",
+            "1500ms",
+        ],
+    )
+    .await;
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["lead_ms"], 1000);
+    assert_eq!(
+        rows[0]["honoured"], 2,
+        "a cancel 1 s ahead always wins: {json}"
+    );
+    assert_eq!(
+        json["dropped"].as_u64().unwrap() + json["delivered"].as_u64().unwrap(),
+        4 + 1,
+        "every message either dropped or delivered (plus the sentinel)"
+    );
 }

@@ -330,65 +330,6 @@ async fn old_tombstones_leave_memory() {
     w.cleanup().await;
 }
 
-/// The bench's own smoke test: tiny counts, so it cannot rot.
-#[tokio::test]
-async fn bench_cancel_horizon_smoke() {
-    let config = std::env::temp_dir().join(format!("{}.toml", unique_prefix("bench-smoke")));
-    std::fs::write(
-        &config,
-        config_toml(
-            "unused",
-            "1s",
-            "250ms",
-            &[("unused.in".into(), "unused.out".into())],
-            100,
-        ),
-    )
-    .unwrap();
-    let out = tokio::time::timeout(
-        30 * SEC,
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
-            .arg("--config")
-            .arg(&config)
-            .args([
-                "bench",
-                "cancel-horizon",
-                "--count",
-                "2",
-                "--leads",
-                "1s 0ms",
-                "--delay",
-                "1500ms",
-            ])
-            .output(),
-    )
-    .await
-    .expect("bench finishes within 30 s")
-    .unwrap();
-    let _ = std::fs::remove_file(&config);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap();
-    assert_eq!(json["scenario"], "cancel-horizon");
-    let rows = json["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0]["lead_ms"], 1000);
-    assert_eq!(
-        rows[0]["honoured"], 2,
-        "a cancel 1 s ahead always wins: {stdout}"
-    );
-    assert_eq!(
-        json["dropped"].as_u64().unwrap() + json["delivered"].as_u64().unwrap(),
-        4 + 1,
-        "every message either dropped or delivered (plus the sentinel)"
-    );
-}
-
 #[tokio::test]
 async fn client_errors_are_typed_and_say_what_to_do() {
     use delay_bridge::client::{Client, ClientError};
