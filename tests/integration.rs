@@ -587,3 +587,28 @@ async fn quorum_mode_delivers_through_quorum_levels() {
     assert!(Stats::get(&w.stats().hops) >= 3);
     w.cleanup().await;
 }
+
+/// A burst of deliveries to a target that has no channel yet opens one channel between them,
+/// not one each: 3000 at once would exceed the broker's 2047 channels per connection.
+#[tokio::test]
+async fn concurrent_first_publishes_to_a_target_share_one_channel() {
+    use delay_bridge::amqp::targets::TargetChannels;
+    let connection = std::sync::Arc::new(connect().await);
+    let targets = std::sync::Arc::new(TargetChannels::new(connection.clone()));
+    let opens = (0..3000).map(|_| {
+        let targets = targets.clone();
+        tokio::spawn(async move { targets.get("amq.direct").await.map(|c| c.id()) })
+    });
+    let ids = tokio::time::timeout(30 * SEC, futures::future::join_all(opens))
+        .await
+        .expect("3000 lookups within 30 s");
+    let mut distinct: Vec<u16> = ids
+        .into_iter()
+        .map(|joined| joined.expect("task").expect("a channel"))
+        .collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
+    targets.close_all().await;
+    let _ = connection.close(200, "done".into()).await;
+}

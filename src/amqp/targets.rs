@@ -17,6 +17,10 @@ pub struct TargetChannels {
     /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
     /// of thousands of deliveries due at once must not queue on an async lock.
     channels: Mutex<HashMap<String, Channel>>,
+    /// One async lock per target, taken only to open its channel, so that thousands of
+    /// deliveries to a target that has no channel yet open one between them, not one each
+    /// (which ran the connection out of channels in a burst).
+    opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl TargetChannels {
@@ -25,33 +29,34 @@ impl TargetChannels {
         Self {
             connection,
             channels: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
         }
     }
 
     /// The open channel for `target`, opening a new one if there is none or it was closed.
+    /// Concurrent callers for the same target share one opening.
     pub async fn get(&self, target: &str) -> Result<Channel, lapin::Error> {
         if let Some(channel) = self.open_channel(target) {
             return Ok(channel);
         }
-        let opened = confirm_channel(&self.connection).await?;
-        // Another task may have opened one meanwhile: keep the first, close ours.
-        let kept = {
-            let mut channels = self.channels.lock().expect("target channels lock");
-            match channels.get(target) {
-                Some(existing) if existing.status().connected() => Some(existing.clone()),
-                _ => {
-                    channels.insert(target.to_string(), opened.clone());
-                    None
-                }
-            }
-        };
-        match kept {
-            Some(existing) => {
-                let _ = opened.close(200, "opened twice".into()).await;
-                Ok(existing)
-            }
-            None => Ok(opened),
+        let opening = self
+            .opening
+            .lock()
+            .expect("target opening lock")
+            .entry(target.to_string())
+            .or_default()
+            .clone();
+        let _opener = opening.lock().await;
+        // Whoever held the lock before us may have opened it.
+        if let Some(channel) = self.open_channel(target) {
+            return Ok(channel);
         }
+        let opened = confirm_channel(&self.connection).await?;
+        self.channels
+            .lock()
+            .expect("target channels lock")
+            .insert(target.to_string(), opened.clone());
+        Ok(opened)
     }
 
     fn open_channel(&self, target: &str) -> Option<Channel> {
