@@ -38,6 +38,10 @@ enum Event {
     Failed(u64, BridgeError),
 }
 
+/// Most task events folded into one batch of acks (bounds the time the loop spends away
+/// from the consumer).
+const MAX_EVENT_BATCH: usize = 4096;
+
 /// What each message task needs.
 #[derive(Clone)]
 struct Task {
@@ -149,20 +153,31 @@ async fn session_loop(
         tokio::select! {
             biased;
             Some(event) = events.recv() => {
-                let (ops, failure) = match event {
-                    Event::Held(tag) => { tracker.held(tag); (Vec::new(), None) }
-                    Event::Done(tag) => (tracker.done(tag), None),
-                    Event::Release(tag) => {
-                        shared.stats.released.fetch_add(1, Ordering::Relaxed);
-                        (tracker.release(tag), None)
+                // Everything that finished meanwhile goes in one batch: one `multiple` ack
+                // instead of one ack (and one wait for lapin's writer) per message.
+                let mut ops = Vec::new();
+                let mut failure = None;
+                let mut next = Some(event);
+                let mut batched = 0;
+                while let Some(event) = next {
+                    match event {
+                        Event::Held(tag) => tracker.held(tag),
+                        Event::Done(tag) => ops.extend(tracker.done(tag)),
+                        Event::Release(tag) => {
+                            shared.stats.released.fetch_add(1, Ordering::Relaxed);
+                            ops.extend(tracker.release(tag));
+                        }
+                        Event::Failed(tag, error) => {
+                            shared.stats.released.fetch_add(1, Ordering::Relaxed);
+                            ops.extend(tracker.release(tag));
+                            failure.get_or_insert(error);
+                        }
                     }
-                    Event::Failed(tag, error) => {
-                        shared.stats.released.fetch_add(1, Ordering::Relaxed);
-                        (tracker.release(tag), Some(error))
-                    }
-                };
+                    batched += 1;
+                    next = if batched < MAX_EVENT_BATCH { events.try_recv().ok() } else { None };
+                }
                 shared.stats.held.store(tracker.held_count() as u64, Ordering::Relaxed);
-                apply(consume, ops).await?;
+                apply(consume, AckTracker::compact(ops)).await?;
                 if let Some(error) = failure {
                     return Err(error);
                 }
