@@ -613,6 +613,19 @@ fn key(name: &str) -> ShortString {
 /// The properties of a hop into a level: the publisher's properties, persistent, without
 /// `expiration` and `user_id`, plus the bridge state headers (hop count incremented).
 pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
+    with_state(envelope, envelope.hops + 1)
+}
+
+/// The properties the message was read with, rebuilt from the envelope (the publisher's
+/// plus the state headers, hop count unchanged; dead-letter headers are gone). The bridge
+/// parks from these once a message is decoded, so it need not keep the consumed copy.
+pub fn consumed_properties(envelope: &Envelope) -> BasicProperties {
+    with_state(envelope, envelope.hops)
+}
+
+/// The publisher's properties, persistent, without `expiration` and `user_id`, plus the
+/// bridge state headers with this hop count.
+fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
     let mut props = envelope.properties.clone();
     let mut headers = props
         .headers
@@ -631,7 +644,7 @@ pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
         ),
         (
             header::STATE_HOPS,
-            Some(AMQPValue::LongLongInt(i64::from(envelope.hops) + 1)),
+            Some(AMQPValue::LongLongInt(i64::from(hops))),
         ),
         (
             header::STATE_FIRST_SEEN,

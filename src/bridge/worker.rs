@@ -20,8 +20,8 @@ use super::{BridgeError, Shared, now_ms, until_epoch_ms};
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::{self, Published};
 use crate::contract::{
-    self, Envelope, Incoming, Intake, ParkReason, Parked, delivery_properties, hop_properties,
-    parked_properties,
+    self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
+    hop_properties, parked_properties,
 };
 use crate::plan::{Step, next_step};
 use crate::topology::PARK_AFTER_REDELIVERIES;
@@ -50,6 +50,23 @@ struct Task {
     targets: Arc<TargetChannels>,
     events: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
+}
+
+/// A decoded delivery on its way to its target.
+struct Moving {
+    tag: u64,
+    body: Vec<u8>,
+    envelope: Envelope,
+    /// When the bridge read it, epoch ms (for the delivered log line).
+    read_at: u64,
+}
+
+/// A delivery to park as it was consumed.
+struct Parking {
+    body: Vec<u8>,
+    routing_key: ShortString,
+    consumed: lapin::BasicProperties,
+    parked: Parked,
 }
 
 /// How a message ended, from the task's point of view.
@@ -191,9 +208,22 @@ async fn session_loop(
                 shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
                 tracker.delivered(delivery.delivery_tag);
                 let task = task.clone();
+                let tag = delivery.delivery_tag;
+                // Decoded here, so the task below keeps only what it needs (its future is
+                // the per-delivery memory cost while thousands are held).
+                let prepared = task.prepare(delivery);
                 tokio::spawn(async move {
-                    let tag = delivery.delivery_tag;
-                    let event = match task.process(delivery).await {
+                    let outcome = match &prepared {
+                        Ok(moving) => task.carry(moving).await,
+                        Err(parking) => Box::pin(task.park(
+                            &parking.body,
+                            &parking.routing_key,
+                            &parking.consumed,
+                            &parking.parked,
+                        ))
+                        .await,
+                    };
+                    let event = match outcome {
                         Outcome::Done => Event::Done(tag),
                         Outcome::Release => Event::Release(tag),
                         Outcome::Failed(e) => Event::Failed(tag, e),
@@ -275,41 +305,54 @@ async fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
 }
 
 impl Task {
-    async fn process(&self, delivery: Delivery) -> Outcome {
+    /// Decodes a delivery. Past this point only its tag, body and envelope are kept: the
+    /// consumed properties (with their x-death history), names and acker are dropped, so
+    /// that the thousands of deliveries held for their last moments stay small.
+    fn prepare(&self, delivery: Delivery) -> Result<Moving, Box<Parking>> {
         let read_at = now_ms();
-        let config = &self.shared.config;
-        let intake = Intake {
-            work_exchange: &config.names.work_exchange(),
-            routes: &config.routes,
-            max_delay: config.max_delay,
-        };
-        let incoming = Incoming {
-            exchange: delivery.exchange.as_str(),
-            routing_key: &delivery.routing_key,
-            properties: &delivery.properties,
-        };
-        if let Some(parked) =
-            contract::redelivered_too_often(&delivery.properties, PARK_AFTER_REDELIVERIES)
-        {
-            return Box::pin(self.park(&delivery, &delivery.routing_key, parked)).await;
+        let Delivery {
+            delivery_tag,
+            exchange,
+            routing_key,
+            properties,
+            data,
+            ..
+        } = delivery;
+        match self.read(&exchange, &routing_key, &properties) {
+            Ok(envelope) => Ok(Moving {
+                tag: delivery_tag,
+                body: data,
+                envelope,
+                read_at,
+            }),
+            Err(parked) => Err(Box::new(Parking {
+                body: data,
+                routing_key,
+                consumed: properties,
+                parked,
+            })),
         }
-        let envelope = match contract::decode(incoming, now_ms(), &intake) {
-            Ok(envelope) => envelope,
-            Err(parked) => {
-                return Box::pin(self.park(&delivery, &delivery.routing_key, parked)).await;
-            }
-        };
+    }
+
+    /// Hops, holds and delivers a decoded message until a replacement is confirmed.
+    async fn carry(&self, moving: &Moving) -> Outcome {
+        let config = &self.shared.config;
+        let Moving {
+            tag,
+            body,
+            envelope,
+            read_at,
+        } = moving;
         loop {
-            if self.cancelled(&envelope) {
+            if self.cancelled(envelope) {
                 return Outcome::Done;
             }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
-                // Boxed: each task's future is only as large as the step it is in, so
-                // thousands of held deliveries stay small (the effect on RSS in `bench
-                // pending` was within noise: the cost there is elsewhere, see README).
-                Step::Hop(level) => return Box::pin(self.hop(&delivery, &envelope, level)).await,
+                // Boxed: the task's own future is then only as large as its hold, which is
+                // where most deliveries wait.
+                Step::Hop(level) => return Box::pin(self.hop(body, envelope, level)).await,
                 Step::Hold(_) => {
-                    let _ = self.events.send(Event::Held(delivery.delivery_tag));
+                    let _ = self.events.send(Event::Held(*tag));
                     // Sleep to the due instant itself (µs precision), not to a whole-ms
                     // remainder, so the timer adds at most its own 1 ms tick.
                     tokio::select! {
@@ -318,10 +361,34 @@ impl Task {
                     }
                 }
                 Step::Deliver => {
-                    return Box::pin(self.deliver(&delivery, &envelope, read_at)).await;
+                    return Box::pin(self.deliver(body, envelope, *read_at)).await;
                 }
             }
         }
+    }
+
+    /// Decodes a consumed delivery, or says why it must be parked.
+    fn read(
+        &self,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        properties: &lapin::BasicProperties,
+    ) -> Result<Envelope, Parked> {
+        if let Some(parked) = contract::redelivered_too_often(properties, PARK_AFTER_REDELIVERIES) {
+            return Err(parked);
+        }
+        let config = &self.shared.config;
+        let intake = Intake {
+            work_exchange: &config.names.work_exchange(),
+            routes: &config.routes,
+            max_delay: config.max_delay,
+        };
+        let incoming = Incoming {
+            exchange: exchange.as_str(),
+            routing_key,
+            properties,
+        };
+        contract::decode(incoming, now_ms(), &intake)
     }
 
     /// True when a tombstone covers this copy: it is dropped (acked with nothing replacing
@@ -348,14 +415,14 @@ impl Task {
         dropped
     }
 
-    async fn hop(&self, delivery: &Delivery, envelope: &Envelope, level: Duration) -> Outcome {
+    async fn hop(&self, body: &[u8], envelope: &Envelope, level: Duration) -> Outcome {
         let queue = self.shared.config.names.level_queue(level);
         let outcome = self
             .publish_own(
                 &queue,
                 ShortString::from(""),
                 ShortString::from(queue.as_str()),
-                &delivery.data,
+                body,
                 hop_properties(envelope),
             )
             .await;
@@ -366,16 +433,18 @@ impl Task {
         outcome
     }
 
+    /// Parks a message: `consumed` are the properties it was read with.
     async fn park(
         &self,
-        delivery: &Delivery,
+        body: &[u8],
         routing_key: &ShortString,
-        parked: Parked,
+        consumed: &lapin::BasicProperties,
+        parked: &Parked,
     ) -> Outcome {
         tracing::warn!(
             reason = parked.reason.as_str(),
             detail = %parked.detail,
-            message_id = ?delivery.properties.message_id().as_ref().map(|m| m.as_str()),
+            message_id = ?consumed.message_id().as_ref().map(|m| m.as_str()),
             "parking message"
         );
         let exchange = self.shared.config.names.parked_exchange();
@@ -384,8 +453,8 @@ impl Task {
                 "the parked queue",
                 ShortString::from(exchange.as_str()),
                 routing_key.clone(),
-                &delivery.data,
-                parked_properties(&delivery.properties, &parked),
+                body,
+                parked_properties(consumed, parked),
             )
             .await;
         if matches!(outcome, Outcome::Done) {
@@ -432,7 +501,7 @@ impl Task {
         }
     }
 
-    async fn deliver(&self, delivery: &Delivery, envelope: &Envelope, read_at: u64) -> Outcome {
+    async fn deliver(&self, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
         let properties = delivery_properties(envelope, &self.shared.bridge_user);
         let mut attempt = 0u32;
         let mut channel_errors = 0u32;
@@ -447,7 +516,7 @@ impl Task {
                 &channel,
                 ShortString::from(envelope.target.as_str()),
                 envelope.routing_key.clone(),
-                &delivery.data,
+                body,
                 properties.clone(),
             )
             .await;
@@ -472,7 +541,7 @@ impl Task {
                             envelope.target, envelope.routing_key
                         ),
                     };
-                    return self.park(delivery, &envelope.routing_key, parked).await;
+                    return self.park_read(body, envelope, parked).await;
                 }
                 Ok(Published::Nacked) => {
                     self.shared.stats.nacks.fetch_add(1, Ordering::Relaxed);
@@ -488,7 +557,7 @@ impl Task {
                             envelope.target
                         ),
                     };
-                    return self.park(delivery, &envelope.routing_key, parked).await;
+                    return self.park_read(body, envelope, parked).await;
                 }
                 Err(e) => {
                     // The target channel was closed under this publish (by another message's
@@ -500,6 +569,13 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Parks a message that was decoded, from its envelope (boxed: parking is rare, and the
+    /// delivery future stays small without it).
+    async fn park_read(&self, body: &[u8], envelope: &Envelope, parked: Parked) -> Outcome {
+        let consumed = consumed_properties(envelope);
+        Box::pin(self.park(body, &envelope.routing_key, &consumed, &parked)).await
     }
 
     /// Sleeps before retrying a nacked publish. False when the bridge is stopping.

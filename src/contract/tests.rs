@@ -642,3 +642,22 @@ fn redelivered_too_often_is_parked_with_the_count() {
     assert_eq!(parked.reason, ParkReason::RedeliveryLimit);
     assert!(parked.detail.contains("40 times"), "{}", parked.detail);
 }
+
+#[test]
+fn consumed_properties_rebuild_what_a_level_message_was_read_with() {
+    let first = decode_with("in", &rich_properties()).unwrap();
+    let hop = hop_properties(&first);
+    let consumed = through_level(&hop);
+    let read = decode_with(WORK, &consumed).unwrap();
+    assert_eq!(
+        consumed_properties(&read),
+        hop,
+        "the consumed copy minus x-death"
+    );
+    let parked = Parked::new(ParkReason::Unroutable, "no queue bound");
+    assert_eq!(
+        parked_properties(&consumed_properties(&read), &parked),
+        parked_properties(&consumed, &parked),
+        "parking from the envelope parks the same message"
+    );
+}
