@@ -116,6 +116,7 @@ pub struct RawDelays {
 #[serde(deny_unknown_fields)]
 pub struct RawBridge {
     pub prefetch: Option<u32>,
+    pub worker_threads: Option<u32>,
     pub shutdown_timeout: Option<String>,
 }
 
@@ -254,6 +255,10 @@ pub struct Config {
     pub max_delay: Duration,
     /// How many unacknowledged deliveries the bridge holds at once.
     pub prefetch: u16,
+    /// Worker threads of the async runtime that `delay-bridge run` builds (the AMQP client
+    /// adds one I/O thread per connection). A library caller runs the bridge on its own
+    /// runtime and ignores this.
+    pub worker_threads: usize,
     /// How long shutdown waits for in-flight publishes to be confirmed.
     pub shutdown_timeout: Duration,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
@@ -277,6 +282,10 @@ pub mod defaults {
     pub const MAX_DELAY: &str = "366d";
     /// `bridge.prefetch`
     pub const PREFETCH: u32 = 4000;
+    /// `bridge.worker_threads`
+    pub const WORKER_THREADS: u32 = 1;
+    /// The most `bridge.worker_threads` accepted.
+    pub const MAX_WORKER_THREADS: u32 = 64;
     /// `bridge.shutdown_timeout`
     pub const SHUTDOWN_TIMEOUT: &str = "10s";
     /// `cancel.grace`
@@ -422,6 +431,17 @@ impl RawConfig {
             .ok()
             .filter(|p| *p >= 1)
             .ok_or_else(|| invalid("bridge.prefetch", prefetch, "must be between 1 and 65535"))?;
+        let worker_threads = self
+            .bridge
+            .worker_threads
+            .unwrap_or(defaults::WORKER_THREADS);
+        if !(1..=defaults::MAX_WORKER_THREADS).contains(&worker_threads) {
+            return Err(invalid(
+                "bridge.worker_threads",
+                worker_threads,
+                format!("must be between 1 and {}", defaults::MAX_WORKER_THREADS),
+            ));
+        }
         let shutdown_timeout = duration_key(
             "bridge.shutdown_timeout",
             &self.bridge.shutdown_timeout,
@@ -480,6 +500,7 @@ impl RawConfig {
             margin,
             max_delay,
             prefetch,
+            worker_threads: worker_threads as usize,
             shutdown_timeout,
             cancel_grace,
             routes,
@@ -501,6 +522,7 @@ impl fmt::Display for Config {
         writeln!(f, "max_delay = \"{}\"", format_duration(self.max_delay))?;
         writeln!(f, "\n[bridge]")?;
         writeln!(f, "prefetch = {}", self.prefetch)?;
+        writeln!(f, "worker_threads = {}", self.worker_threads)?;
         writeln!(
             f,
             "shutdown_timeout = \"{}\"",
@@ -537,6 +559,7 @@ mod tests {
         assert_eq!(c.margin, Duration::from_millis(250));
         assert_eq!(c.max_delay, Duration::from_secs(366 * 86_400));
         assert_eq!(c.prefetch, 4000);
+        assert_eq!(c.worker_threads, 1);
         assert_eq!(c.cancel_grace, Duration::from_secs(86_400));
         assert_eq!(
             c.routes,
@@ -565,6 +588,7 @@ mod tests {
             "max_delay =",
             "[bridge]",
             "prefetch =",
+            "worker_threads =",
             "shutdown_timeout =",
             "[cancel]",
             "grace =",
@@ -620,6 +644,16 @@ mod tests {
             ),
             ("[bridge]\nprefetch = 0\n", "bridge.prefetch", "0"),
             ("[bridge]\nprefetch = 70000\n", "bridge.prefetch", "70000"),
+            (
+                "[bridge]\nworker_threads = 0\n",
+                "bridge.worker_threads",
+                "0",
+            ),
+            (
+                "[bridge]\nworker_threads = 65\n",
+                "bridge.worker_threads",
+                "65",
+            ),
             ("[broker]\nurl = \"http://x\"\n", "broker.url", "http://x"),
             ("[delays]\nladder = \"1s 1s\"\n", "delays.ladder", "1s"),
             ("[cancel]\ngrace = \"a while\"\n", "cancel.grace", "a while"),

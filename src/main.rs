@@ -114,7 +114,7 @@ fn main() -> Result<()> {
     match &cli.command {
         Command::Run => {
             let config = load(&cli)?;
-            runtime()?.block_on(run(config))
+            bridge_runtime(config.worker_threads)?.block_on(run(config))
         }
         Command::Demo => {
             let config = load(&cli)?;
@@ -149,6 +149,15 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The runtime of `delay-bridge run`: `bridge.worker_threads` workers.
+fn bridge_runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
