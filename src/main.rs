@@ -71,7 +71,8 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
-    /// Measure against the configured broker (throw-away topology, bridge in process).
+    /// Measure against the configured broker on a throw-away topology (each report says how the
+    /// bridge under test ran).
     #[command(subcommand)]
     Bench(bench::Scenario),
     /// Schedule one message through the bridge (waits for the broker's confirm).
