@@ -15,6 +15,7 @@ use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, print_targets, targets_json};
 use crate::sandbox::Sandbox;
+use crate::sandbox::process::UsageSpan;
 
 /// `bench burst` options.
 #[derive(Debug, clap::Args)]
@@ -70,11 +71,11 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     }
     println!(
         "bridge process: CPU {:.1} s, {:.0} us per message; RSS {} at start, {} at end, peak {}",
-        m.cpu.as_secs_f64(),
-        m.cpu.as_secs_f64() * 1e6 / count as f64,
-        mib(m.rss.0),
-        mib(m.rss.1),
-        mib(m.rss.2)
+        m.bridge.cpu.as_secs_f64(),
+        m.bridge.cpu.as_secs_f64() * 1e6 / count as f64,
+        mib(m.bridge.rss_start),
+        mib(m.bridge.rss_end),
+        mib(m.bridge.peak_rss)
     );
     println!("machine CPU busy during the run: {}", m.machine_busy);
     let targets = [
@@ -109,9 +110,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             "drain_s": drain_s, "drain_msg_per_s": drain_rate.round(),
             "drain_ratio": (ratio * 1000.0).round() / 1000.0,
             "lateness": spread.map(|s| s.json()),
-            "bridge_cpu_s": m.cpu.as_secs_f64(),
-            "bridge_rss_start_bytes": m.rss.0, "bridge_rss_end_bytes": m.rss.1,
-            "bridge_peak_rss_bytes": m.rss.2,
+            "bridge_cpu_s": m.bridge.cpu.as_secs_f64(),
+            "bridge_rss_start_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
+            "bridge_peak_rss_bytes": m.bridge.peak_rss,
             "machine_cpu_busy": m.machine_busy,
             "targets": targets_json(&targets),
         })
@@ -125,9 +126,7 @@ struct Measured {
     arrivals: super::load::Arrivals,
     due_ms: u64,
     published_us: (u64, u64),
-    cpu: Duration,
-    /// RSS at start, at end, peak.
-    rss: (u64, u64, u64),
+    bridge: UsageSpan,
 }
 
 async fn measure(
@@ -170,7 +169,6 @@ async fn measure(
         arrivals,
         due_ms,
         published_us: (published.started_us, published.confirmed_us),
-        cpu: end.cpu.saturating_sub(start.cpu),
-        rss: (start.rss, end.rss, end.peak_rss),
+        bridge: start.until(&end),
     })
 }

@@ -18,6 +18,7 @@ use delay_bridge::plan::{Step, next_step};
 use super::baseline::BaselineArgs;
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
+use crate::sandbox::process::UsageSpan;
 use crate::sandbox::{Sandbox, queue_counts};
 
 /// `bench hop` options.
@@ -50,7 +51,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 
     let rate = count as f64 / m.seconds.max(1e-6);
     let ratio = rate / baseline.rate;
-    let cpu_us = m.cpu.as_secs_f64() * 1e6 / count as f64;
+    let cpu_us = m.bridge.cpu.as_secs_f64() * 1e6 / count as f64;
     println!(
         "hop: {count} messages of {} B, delay {}, waiting in the work queue, then moved by one bridge",
         args.body_size,
@@ -66,11 +67,11 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     );
     println!(
         "bridge process: CPU {:.2} s = {cpu_us:.0} us per hop ({:.0}% of one core); RSS {} at ready, {} at end, peak {}",
-        m.cpu.as_secs_f64(),
-        100.0 * m.cpu.as_secs_f64() / m.seconds.max(1e-6),
-        mib(m.rss.0),
-        mib(m.rss.1),
-        mib(m.rss.2)
+        m.bridge.cpu.as_secs_f64(),
+        100.0 * m.bridge.cpu.as_secs_f64() / m.seconds.max(1e-6),
+        mib(m.bridge.rss_start),
+        mib(m.bridge.rss_end),
+        mib(m.bridge.peak_rss)
     );
     let targets = [Target::new(
         "every message in a level, none lost or doubled",
@@ -87,8 +88,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             "count": count, "seconds": m.seconds,
             "hops_per_s": rate.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
             "bridge_cpu_us_per_hop": cpu_us.round(),
-            "bridge_rss_ready_bytes": m.rss.0, "bridge_rss_end_bytes": m.rss.1,
-            "bridge_peak_rss_bytes": m.rss.2,
+            "bridge_rss_ready_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
+            "bridge_peak_rss_bytes": m.bridge.peak_rss,
             "in_levels": m.in_levels,
             "targets": targets_json(&targets),
         })
@@ -100,8 +101,8 @@ struct Measured {
     seconds: f64,
     levels: Vec<String>,
     in_levels: u64,
-    cpu: Duration,
-    rss: (u64, u64, u64),
+    /// From ready to the end.
+    bridge: UsageSpan,
 }
 
 async fn measure(
@@ -159,7 +160,6 @@ async fn measure(
         seconds,
         levels,
         in_levels,
-        cpu: end.cpu.saturating_sub(ready.cpu),
-        rss: (ready.rss, end.rss, end.peak_rss),
+        bridge: ready.until(&end),
     })
 }

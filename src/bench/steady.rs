@@ -16,6 +16,7 @@ use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
 use crate::sandbox::Sandbox;
+use crate::sandbox::process::UsageSpan;
 
 /// `bench steady` options.
 #[derive(Debug, clap::Args)]
@@ -88,13 +89,13 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     }
     println!(
         "bridge process: CPU {:.1} s over {:.0} s ({:.0}% of one core), {:.0} us per message; RSS {} at start, {} at end, peak {}",
-        m.cpu.as_secs_f64(),
+        m.bridge.cpu.as_secs_f64(),
         m.wall.as_secs_f64(),
-        100.0 * m.cpu.as_secs_f64() / m.wall.as_secs_f64().max(1e-9),
-        m.cpu.as_secs_f64() * 1e6 / count as f64,
-        mib(m.rss_start),
-        mib(m.rss_end),
-        mib(m.peak_rss)
+        100.0 * m.bridge.cpu.as_secs_f64() / m.wall.as_secs_f64().max(1e-9),
+        m.bridge.cpu.as_secs_f64() * 1e6 / count as f64,
+        mib(m.bridge.rss_start),
+        mib(m.bridge.rss_end),
+        mib(m.bridge.peak_rss)
     );
     let (p99, max_late) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
     println!("machine CPU busy during the run: {}", m.machine_busy);
@@ -133,9 +134,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             "received": m.arrivals.received, "missing": m.arrivals.missing(),
             "duplicates": m.arrivals.duplicates, "early": m.early,
             "lateness": spread.map(|s| s.json()),
-            "bridge_cpu_s": m.cpu.as_secs_f64(),
-            "bridge_rss_start_bytes": m.rss_start, "bridge_rss_end_bytes": m.rss_end,
-            "bridge_peak_rss_bytes": m.peak_rss,
+            "bridge_cpu_s": m.bridge.cpu.as_secs_f64(),
+            "bridge_rss_start_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
+            "bridge_peak_rss_bytes": m.bridge.peak_rss,
             "machine_cpu_busy": m.machine_busy,
             "targets": targets_json(&targets),
         })
@@ -149,11 +150,8 @@ struct Measured {
     arrivals: super::load::Arrivals,
     early: usize,
     achieved_rate: f64,
-    cpu: Duration,
     wall: Duration,
-    rss_start: u64,
-    rss_end: u64,
-    peak_rss: u64,
+    bridge: UsageSpan,
 }
 
 async fn measure(
@@ -192,10 +190,7 @@ async fn measure(
         early: arrivals.lateness_us.iter().take_while(|l| **l < 0).count(),
         arrivals,
         achieved_rate: count as f64 / publish_s.max(1e-9),
-        cpu: end.cpu.saturating_sub(start.cpu),
         wall: started.elapsed(),
-        rss_start: start.rss,
-        rss_end: end.rss,
-        peak_rss: end.peak_rss,
+        bridge: start.until(&end),
     })
 }

@@ -32,6 +32,31 @@ pub struct ProcessUsage {
     pub cpu: Duration,
 }
 
+/// What the bridge process used between two readings.
+#[derive(Debug, Clone, Copy)]
+pub struct UsageSpan {
+    /// CPU time spent between the readings.
+    pub cpu: Duration,
+    /// RSS at the first reading, bytes.
+    pub rss_start: u64,
+    /// RSS at the second reading, bytes.
+    pub rss_end: u64,
+    /// The largest RSS up to the second reading, bytes.
+    pub peak_rss: u64,
+}
+
+impl ProcessUsage {
+    /// From this reading to a later one.
+    pub fn until(&self, end: &ProcessUsage) -> UsageSpan {
+        UsageSpan {
+            cpu: end.cpu.saturating_sub(self.cpu),
+            rss_start: self.rss,
+            rss_end: end.rss,
+            peak_rss: end.peak_rss,
+        }
+    }
+}
+
 impl BridgeProcess {
     /// Starts `delay-bridge run` for `config` and waits (up to 30 s) until it consumes the
     /// work queue, which it does only once its topology is declared and the cancel stream
