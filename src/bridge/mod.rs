@@ -96,6 +96,8 @@ struct Shared {
     config: Config,
     topology: Topology,
     bridge_user: String,
+    /// `config.names.work_exchange()`, built once: every delivery is checked against it.
+    work_exchange: String,
     stats: Arc<Stats>,
     /// The live cancellations, shared by the stream follower and the message tasks.
     tombstones: Mutex<TombstoneSet>,
@@ -114,12 +116,14 @@ impl Bridge {
     pub fn new(config: Config) -> Self {
         let topology = Topology::from_config(&config);
         let bridge_user = config.url.user();
+        let work_exchange = config.names.work_exchange();
         let tombstones = TombstoneSet::new(config.tombstone_keep().as_millis() as u64);
         Self {
             shared: Arc::new(Shared {
                 config,
                 topology,
                 bridge_user,
+                work_exchange,
                 stats: Arc::new(Stats::default()),
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),

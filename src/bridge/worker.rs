@@ -379,7 +379,7 @@ impl Task {
         }
         let config = &self.shared.config;
         let intake = Intake {
-            work_exchange: &config.names.work_exchange(),
+            work_exchange: &self.shared.work_exchange,
             routes: &config.routes,
             max_delay: config.max_delay,
         };
