@@ -236,7 +236,8 @@ impl Ladder {
 }
 
 /// The most greedy hops any residual in `[0, limit]` ms takes, where each hop subtracts the
-/// largest level `<= residual`. Memoised: calls with a limit at a level boundary repeat.
+/// largest level `<= residual`. Memoised on `limit`; recursion only ever descends to lower
+/// levels, so its depth is bounded by the number of levels, not the number of hops.
 fn max_residual_hops(
     levels: &[u64],
     limit: u64,
@@ -246,8 +247,10 @@ fn max_residual_hops(
         return *v;
     }
     let mut best = 0;
-    // For residuals in [levels[i], next_i) the first hop is levels[i]; what is left lies in
-    // [0, min(limit, next_i − 1) − levels[i]].
+    // A residual x in [levels[i], next_i) takes levels[i] q = x / levels[i] times in a row
+    // (what is left stays below next_i), then plans x mod levels[i] with the lower levels.
+    // Over [levels[i], upper] the most is either the largest q with a remainder up to
+    // upper mod levels[i], or one fewer with any remainder below levels[i].
     for (i, level) in levels.iter().enumerate() {
         if *level > limit {
             break;
@@ -256,7 +259,12 @@ fn max_residual_hops(
             Some(next) => limit.min(next - 1),
             None => limit,
         };
-        best = best.max(1 + max_residual_hops(levels, upper - level, memo));
+        let q = upper / level;
+        let mut here = q + max_residual_hops(levels, upper % level, memo);
+        if q > 1 {
+            here = here.max(q - 1 + max_residual_hops(levels, level - 1, memo));
+        }
+        best = best.max(here);
     }
     memo.insert(limit, best);
     best
@@ -459,7 +467,14 @@ mod tests {
     /// closed-form worst case.
     #[test]
     fn worst_case_matches_brute_force() {
-        for text in ["3ms 7ms 10ms", "2ms 3ms", "5ms", "1ms 4ms 9ms 25ms"] {
+        for text in [
+            "3ms 7ms 10ms",
+            "2ms 3ms",
+            "5ms",
+            "1ms 4ms 9ms 25ms",
+            "1ms 2ms 60ms",
+            "2ms 7ms 30ms 31ms",
+        ] {
             let ladder = Ladder::parse(text).unwrap();
             for margin_ms in [0u64, 1, 2] {
                 let margin = Duration::from_millis(margin_ms);
@@ -482,5 +497,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn worst_case_of_a_ladder_with_a_wide_gap_needs_no_deep_stack() {
+        // Between 1 ms and 4 999 s the greedy plan repeats the 1 ms level millions of times;
+        // counting those hops must not recurse once per hop.
+        let ladder = Ladder::parse("1ms 4999s").unwrap();
+        let worst = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || ladder.worst_case_hops(Duration::from_secs(5_000), Duration::ZERO))
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        // one hop short of a full top level, all in 1 ms hops
+        assert_eq!(worst, 4_998_999);
     }
 }
