@@ -19,8 +19,11 @@ RUN apt-get update \
     && useradd --system --uid 10001 --no-create-home delay-bridge
 COPY --from=build /src/target/release/delay-bridge /usr/local/bin/delay-bridge
 COPY config/delay-bridge.toml /etc/delay-bridge/delay-bridge.toml
+# RUST_MIN_STACK: room for the AMQP client to parse the deepest header table a frame can
+# carry (the binary sets the same value itself when it is unset; address space, not memory).
 ENV DELAY_BRIDGE_CONFIG=/etc/delay-bridge/delay-bridge.toml \
-    RUST_LOG=info
+    RUST_LOG=info \
+    RUST_MIN_STACK=268435456
 USER delay-bridge
 # SIGTERM (docker stop) drains: stops consuming, hands held messages back, waits up to
 # bridge.shutdown_timeout (10s) for in-flight confirms; give `docker stop` longer than that

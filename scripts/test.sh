@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: brings up RabbitMQ 3.x (127.0.0.1:5672) and RabbitMQ 4.x (127.0.0.1:5673,
 # scripts/broker4.sh), checks formatting and lints, runs the unit tests and doctests once
-# and the integration suite against each broker, reporting each separately.
+# and the integration suite against each broker, reporting each separately. The benchmarks'
+# smoke tests need the `bench` feature, so every test run here turns it on.
 # DELAY_BRIDGE_SKIP_RMQ4=1 skips the 4.x run (it is then reported as skipped, not passed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,9 @@ export DELAY_BRIDGE_PYTHON
 
 echo "== cargo fmt --check"
 cargo fmt --check
-echo "== cargo clippy --all-targets -- -D warnings"
+echo "== cargo clippy --all-targets [--all-features] -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --all-features -- -D warnings
 
 mkdir -p target
 # passed failed, summed over the `test result:` lines of a log
@@ -33,7 +35,7 @@ echo "== cargo test: unit tests, doctests, and the integration suite against Rab
 log3=target/test-output-rabbitmq3.log
 start=$SECONDS
 set +e
-cargo test 2>&1 | tee "$log3"
+cargo test --features bench 2>&1 | tee "$log3"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" -eq 0 ] || status=1
@@ -43,13 +45,13 @@ summary+=("RabbitMQ $version3 on 5672 (unit, doc and integration tests): $p3 pas
 p4=0 f4=0
 if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
   version4=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo "4.x")
-  echo "== cargo test --test integration against RabbitMQ $version4 (127.0.0.1:5673)"
+  echo "== cargo test --test integration --test alarm against RabbitMQ $version4 (127.0.0.1:5673)"
   log4=target/test-output-rabbitmq4.log
   start=$SECONDS
   set +e
   DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:5673/%2f" \
     DELAY_BRIDGE_TEST_CTL="bash scripts/broker4.sh ctl" \
-    cargo test --test integration 2>&1 | tee "$log4"
+    cargo test --features bench --test integration --test alarm 2>&1 | tee "$log4"
   rc=${PIPESTATUS[0]}
   set -e
   [ "$rc" -eq 0 ] || status=1

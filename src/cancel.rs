@@ -22,7 +22,15 @@ pub mod header {
     pub const KIND: &str = "delay-bridge-kind";
     /// On a tombstone: when the cancel was made, epoch ms (an integer).
     pub const CANCELLED_AT: &str = "delay-bridge-cancelled-at";
+    /// On a tombstone, optional: when the cancelled message was due, epoch ms. The
+    /// tombstone then leaves memory at that time plus the grace, not `max_delay` later.
+    pub const DUE_AT: &str = "delay-bridge-due-at";
 }
+
+/// How far ahead of the reading bridge's clock a tombstone's `cancelled_at` may be. A
+/// canceller whose clock runs further ahead is taken to have cancelled at the reader's now
+/// plus this, so it cannot cancel a reschedule published after it.
+pub const CLOCK_ALLOWANCE_MS: u64 = 1_000;
 
 /// `delay-bridge-kind` of a tombstone.
 pub const KIND_CANCEL: &str = "cancel";
@@ -36,6 +44,8 @@ pub struct Tombstone {
     pub message_id: String,
     /// When the cancel was made, epoch ms.
     pub cancelled_at: u64,
+    /// When the cancelled message was due, epoch ms, if the canceller said so.
+    pub due_at: Option<u64>,
 }
 
 /// One entry read from the cancel stream.
@@ -79,21 +89,27 @@ fn entry_properties(message_id: ShortString, headers: Vec<(&str, AMQPValue)>) ->
         .with_headers(table)
 }
 
-/// The properties of a tombstone entry (the body is empty).
-pub fn tombstone_properties(message_id: ShortString, cancelled_at: u64) -> BasicProperties {
-    entry_properties(
-        message_id,
-        vec![
-            (
-                header::KIND,
-                AMQPValue::LongString(LongString::from(KIND_CANCEL)),
-            ),
-            (
-                header::CANCELLED_AT,
-                AMQPValue::LongLongInt(cancelled_at as i64),
-            ),
-        ],
-    )
+/// The properties of a tombstone entry (the body is empty); `due_at` when the canceller
+/// knows when the message was due.
+pub fn tombstone_properties(
+    message_id: ShortString,
+    cancelled_at: u64,
+    due_at: Option<u64>,
+) -> BasicProperties {
+    let mut headers = vec![
+        (
+            header::KIND,
+            AMQPValue::LongString(LongString::from(KIND_CANCEL)),
+        ),
+        (
+            header::CANCELLED_AT,
+            AMQPValue::LongLongInt(cancelled_at as i64),
+        ),
+    ];
+    if let Some(due_at) = due_at {
+        headers.push((header::DUE_AT, AMQPValue::LongLongInt(due_at as i64)));
+    }
+    entry_properties(message_id, headers)
 }
 
 /// The properties of a catch-up marker with this token (the body is empty).
@@ -127,11 +143,17 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
     match (kind.as_str(), id) {
         (KIND_SYNC, Some(token)) => StreamEntry::Sync(token),
         (KIND_CANCEL, Some(message_id)) => {
-            let cancelled_at = match get(header::CANCELLED_AT) {
-                Some(AMQPValue::LongLongInt(v)) if *v >= 0 => *v as u64,
-                Some(AMQPValue::LongInt(v)) if *v >= 0 => *v as u64,
-                Some(AMQPValue::LongUInt(v)) => u64::from(*v),
-                _ => {
+            let epoch_ms = |v: Option<&AMQPValue>| match v {
+                Some(AMQPValue::LongLongInt(v)) if *v >= 0 => Some(*v as u64),
+                Some(AMQPValue::LongInt(v)) if *v >= 0 => Some(*v as u64),
+                Some(AMQPValue::LongUInt(v)) => Some(u64::from(*v)),
+                _ => None,
+            };
+            // A malformed due time is ignored: the tombstone is then kept the longest.
+            let due_at = epoch_ms(get(header::DUE_AT));
+            let cancelled_at = match epoch_ms(get(header::CANCELLED_AT)) {
+                Some(at) => at,
+                None => {
                     return StreamEntry::Invalid(format!(
                         "tombstone for `{message_id}` has no integer `{}`",
                         header::CANCELLED_AT
@@ -141,6 +163,7 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
             StreamEntry::Cancel(Tombstone {
                 message_id,
                 cancelled_at,
+                due_at,
             })
         }
         (KIND_SYNC | KIND_CANCEL, None) => {
@@ -166,6 +189,8 @@ pub enum Inserted {
 #[derive(Debug, Clone, Copy)]
 struct Live {
     cancelled_at: u64,
+    /// When it leaves memory, epoch ms.
+    expires_at: u64,
     /// Copies this instance dropped because of it.
     dropped: u64,
 }
@@ -180,21 +205,25 @@ pub struct Expired {
     pub dropped: u64,
 }
 
-/// The live tombstones, bounded by time: each leaves at `cancelled_at + keep_ms`, where
-/// `keep_ms` is the longest a covered copy can still be pending (max delay plus a grace).
+/// The live tombstones, bounded by time: each leaves once no copy it covers can still be
+/// pending: `cancelled_at + keep_ms` (max delay plus grace), or, when the canceller said when
+/// the message was due, that time plus `grace_ms` if it is sooner.
 #[derive(Debug, Clone)]
 pub struct TombstoneSet {
     keep_ms: u64,
+    grace_ms: u64,
     live: HashMap<String, Live>,
     /// (expires at, id), to expire in order.
     by_expiry: BTreeSet<(u64, String)>,
 }
 
 impl TombstoneSet {
-    /// An empty set whose tombstones live `keep_ms` after their cancel.
-    pub fn new(keep_ms: u64) -> Self {
+    /// An empty set whose tombstones live `keep_ms` after their cancel, or `grace_ms` after
+    /// the due time a tombstone names.
+    pub fn new(keep_ms: u64, grace_ms: u64) -> Self {
         Self {
             keep_ms,
+            grace_ms,
             live: HashMap::new(),
             by_expiry: BTreeSet::new(),
         }
@@ -205,34 +234,46 @@ impl TombstoneSet {
         self.keep_ms
     }
 
-    /// Adds a tombstone read at `now_ms`.
+    /// Adds a tombstone read at `now_ms`. Its `cancelled_at` counts as at most `now_ms` plus
+    /// [`CLOCK_ALLOWANCE_MS`].
     pub fn insert(&mut self, tombstone: Tombstone, now_ms: u64) -> Inserted {
-        let expires_at = tombstone.cancelled_at.saturating_add(self.keep_ms);
+        let cancelled_at = tombstone
+            .cancelled_at
+            .min(now_ms.saturating_add(CLOCK_ALLOWANCE_MS));
+        let longest = cancelled_at.saturating_add(self.keep_ms);
+        let expires_at = match tombstone.due_at {
+            Some(due_at) => longest.min(due_at.max(cancelled_at).saturating_add(self.grace_ms)),
+            None => longest,
+        };
         if expires_at <= now_ms {
             return Inserted::Expired;
         }
-        match self.live.get_mut(&tombstone.message_id) {
-            Some(live) if live.cancelled_at >= tombstone.cancelled_at => Inserted::Covered,
-            Some(live) => {
-                let old = live.cancelled_at.saturating_add(self.keep_ms);
-                live.cancelled_at = tombstone.cancelled_at;
-                self.by_expiry.remove(&(old, tombstone.message_id.clone()));
-                self.by_expiry.insert((expires_at, tombstone.message_id));
-                Inserted::Extended
-            }
-            None => {
-                self.by_expiry
-                    .insert((expires_at, tombstone.message_id.clone()));
-                self.live.insert(
-                    tombstone.message_id,
-                    Live {
-                        cancelled_at: tombstone.cancelled_at,
-                        dropped: 0,
-                    },
-                );
-                Inserted::New
-            }
+        let id = tombstone.message_id;
+        let Some(live) = self.live.get_mut(&id) else {
+            self.by_expiry.insert((expires_at, id.clone()));
+            self.live.insert(
+                id,
+                Live {
+                    cancelled_at,
+                    expires_at,
+                    dropped: 0,
+                },
+            );
+            return Inserted::New;
+        };
+        // Both cancels stand: the later one covers more copies, the longer one lives longer.
+        let inserted = if cancelled_at > live.cancelled_at {
+            live.cancelled_at = cancelled_at;
+            Inserted::Extended
+        } else {
+            Inserted::Covered
+        };
+        if expires_at > live.expires_at {
+            self.by_expiry.remove(&(live.expires_at, id.clone()));
+            live.expires_at = expires_at;
+            self.by_expiry.insert((expires_at, id));
         }
+        inserted
     }
 
     /// True when the copy of `message_id` that entered at `entered_at` is cancelled. Counts
@@ -289,12 +330,60 @@ mod tests {
         Tombstone {
             message_id: id.into(),
             cancelled_at: at,
+            due_at: None,
+        }
+    }
+
+    fn due(id: &str, at: u64, due_at: u64) -> Tombstone {
+        Tombstone {
+            due_at: Some(due_at),
+            ..t(id, at)
         }
     }
 
     #[test]
+    fn a_canceller_clock_ahead_cannot_cancel_a_later_reschedule() {
+        let now = 1_000_000;
+        let mut set = TombstoneSet::new(10_000_000, 0);
+        // The canceller's clock is an hour ahead.
+        set.insert(t("a", now + 3_600_000), now);
+        assert!(set.cancels("a", now + 500), "what entered before: dropped");
+        assert!(
+            !set.cancels("a", now + CLOCK_ALLOWANCE_MS + 1),
+            "a reschedule published after the allowance lives"
+        );
+    }
+
+    #[test]
+    fn a_tombstone_that_names_the_due_time_leaves_after_it_plus_the_grace() {
+        let mut set = TombstoneSet::new(100_000, 1_000);
+        set.insert(due("a", 1_000, 5_000), 1_000);
+        // due before the cancel was made: kept the grace after the cancel
+        set.insert(due("b", 3_000, 2_000), 3_000);
+        // due later than max delay allows: the usual bound wins
+        set.insert(due("c", 1_000, 500_000), 1_000);
+        assert_eq!(set.next_expiry(), Some(4_000));
+        let gone = |v: Vec<Expired>| v.into_iter().map(|e| e.message_id).collect::<Vec<_>>();
+        assert_eq!(gone(set.expire(4_000)), vec!["b"]);
+        assert_eq!(gone(set.expire(6_000)), vec!["a"]);
+        assert_eq!(gone(set.expire(101_000)), vec!["c"]);
+    }
+
+    #[test]
+    fn of_two_cancels_of_one_id_the_longer_lived_bound_stands() {
+        let mut set = TombstoneSet::new(100_000, 1_000);
+        set.insert(t("a", 1_000), 1_000);
+        assert_eq!(
+            set.insert(due("a", 2_000, 3_000), 2_000),
+            Inserted::Extended
+        );
+        assert_eq!(set.next_expiry(), Some(101_000));
+        assert!(set.cancels("a", 1_500));
+    }
+
+    #[test]
     fn copies_that_entered_before_the_cancel_are_dropped_later_ones_live() {
-        let mut set = TombstoneSet::new(10_000);
+        let mut set = TombstoneSet::new(10_000, 0);
         assert_eq!(set.insert(t("order-1", 1_000), 1_000), Inserted::New);
         assert!(set.cancels("order-1", 999));
         assert!(set.cancels("order-1", 1_000), "same millisecond: cancelled");
@@ -304,7 +393,7 @@ mod tests {
 
     #[test]
     fn a_later_cancel_extends_an_earlier_one_and_an_earlier_is_covered() {
-        let mut set = TombstoneSet::new(10_000);
+        let mut set = TombstoneSet::new(10_000, 0);
         set.insert(t("a", 1_000), 1_000);
         assert_eq!(set.insert(t("a", 500), 1_000), Inserted::Covered);
         assert!(!set.cancels("a", 1_500));
@@ -320,7 +409,7 @@ mod tests {
 
     #[test]
     fn tombstones_leave_once_nothing_they_cover_can_be_pending() {
-        let mut set = TombstoneSet::new(5_000);
+        let mut set = TombstoneSet::new(5_000, 0);
         set.insert(t("a", 1_000), 1_000);
         set.insert(t("b", 2_000), 2_000);
         assert!(set.cancels("a", 900));
@@ -349,10 +438,15 @@ mod tests {
 
     #[test]
     fn entries_round_trip_and_bad_ones_say_why() {
-        let props = tombstone_properties(message_id("order-9").unwrap(), 1_700_000_000_123);
+        let props = tombstone_properties(message_id("order-9").unwrap(), 1_700_000_000_123, None);
         assert_eq!(
             read_entry(&props),
             StreamEntry::Cancel(t("order-9", 1_700_000_000_123))
+        );
+        let with_due = tombstone_properties(message_id("o").unwrap(), 1_000, Some(9_000));
+        assert_eq!(
+            read_entry(&with_due),
+            StreamEntry::Cancel(due("o", 1_000, 9_000))
         );
         let sync = sync_properties("tok".into());
         assert_eq!(read_entry(&sync), StreamEntry::Sync("tok".into()));
@@ -384,7 +478,7 @@ mod tests {
             ops in proptest::collection::vec((0u8..5, 0u64..100_000, 0u64..100_000), 1..200),
             keep in 1u64..50_000,
         ) {
-            let mut set = TombstoneSet::new(keep);
+            let mut set = TombstoneSet::new(keep, 0);
             let mut model: HashMap<String, u64> = HashMap::new();
             let mut now = 0u64;
             for (id, at, probe) in ops {

@@ -35,10 +35,11 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection};
 use thiserror::Error;
 
+use crate::amqp::publisher::PublishError;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::{self, ConnectError, Published};
-use crate::bridge::now_ms;
 use crate::cancel::{MessageIdError, message_id, tombstone_properties};
+use crate::clock::now_ms;
 use crate::config::{BrokerUrl, ConfigError};
 use crate::contract::header;
 use crate::naming::Names;
@@ -114,6 +115,17 @@ pub enum ClientError {
         bytes: usize,
         /// The broker's words, which name its limit.
         broker: String,
+    },
+    /// The broker did not confirm the publish in time (for example under a resource
+    /// alarm); whether it was taken is unknown, so publishing again may duplicate it.
+    #[error(
+        "the broker did not confirm the publish to `{exchange}` within {timeout:?}; it may or may not have been taken"
+    )]
+    Unconfirmed {
+        /// The exchange published to ("" for the cancel stream).
+        exchange: String,
+        /// How long the client waited.
+        timeout: Duration,
     },
     /// Any other broker or connection error.
     #[error("{what}: {source}")]
@@ -206,6 +218,9 @@ pub struct Cancelled {
     pub cancelled_at: u64,
 }
 
+/// How long a client call waits for the broker's confirm.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A connection to the broker for scheduling and cancelling through a bridge's topology.
 pub struct Client {
     connection: Arc<Connection>,
@@ -219,10 +234,28 @@ impl Client {
         let url = BrokerUrl::parse(url)?;
         let connection = Arc::new(amqp::connect(&url, "delay-bridge client").await?);
         Ok(Self {
-            channels: TargetChannels::new(connection.clone()),
+            channels: TargetChannels::new(connection.clone(), CONFIRM_TIMEOUT),
             connection,
             names: Names::new(prefix),
         })
+    }
+
+    /// Connects to the first of `urls` that answers (the nodes of a cluster, in order).
+    pub async fn connect_any(urls: &[&str], prefix: &str) -> Result<Self, ClientError> {
+        let mut last = None;
+        for url in urls {
+            match Self::connect(url, prefix).await {
+                Ok(client) => return Ok(client),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            ClientError::Url(ConfigError::Invalid {
+                key: "urls".into(),
+                value: "[]".into(),
+                reason: "name at least one broker".into(),
+            })
+        }))
     }
 
     /// Publishes `message` to be delivered `when`; returns once the broker confirmed it.
@@ -232,12 +265,42 @@ impl Client {
 
     /// Cancels every pending copy of `message_id` published before now; returns once the
     /// tombstone is confirmed. Cancelling a delivered or unknown id is a harmless no-op.
+    /// Bridges keep the tombstone `max_delay` plus the grace; [`Client::cancel_due`] lets
+    /// them forget it sooner.
     pub async fn cancel(&self, message_id: &str) -> Result<Cancelled, ClientError> {
+        self.cancel_with_due(message_id, None).await
+    }
+
+    /// As [`Client::cancel`], for a message due at `due` (as [`Scheduled::deliver_at`] said):
+    /// bridges forget the tombstone once that time plus the grace has passed. A copy of
+    /// this id due later than `due` may then be delivered: pass the latest due time.
+    pub async fn cancel_due(
+        &self,
+        message_id: &str,
+        due: SystemTime,
+    ) -> Result<Cancelled, ClientError> {
+        let due_ms = due
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        self.cancel_with_due(message_id, Some(due_ms)).await
+    }
+
+    async fn cancel_with_due(
+        &self,
+        message_id: &str,
+        due_at: Option<u64>,
+    ) -> Result<Cancelled, ClientError> {
         let id = crate::cancel::message_id(message_id)?;
         let cancelled_at = now_ms();
         let stream = self.names.cancel_stream();
         let outcome = self
-            .publish("", &stream, b"", tombstone_properties(id, cancelled_at))
+            .publish(
+                "",
+                &stream,
+                b"",
+                tombstone_properties(id, cancelled_at, due_at),
+            )
             .await?;
         match outcome {
             Published::Routed => Ok(Cancelled {
@@ -372,17 +435,27 @@ impl Client {
             short("exchange", exchange)?,
             short("routing key", routing_key)?,
         );
-        let channel = self
-            .channels
-            .get(exchange)
+        let publisher =
+            self.channels
+                .get(exchange)
+                .await
+                .map_err(|source| ClientError::Broker {
+                    what: "opening a channel",
+                    source,
+                })?;
+        publisher
+            .publish(exchange_name, key, body, properties)
             .await
-            .map_err(|source| ClientError::Broker {
-                what: "opening a channel",
-                source,
-            })?;
-        amqp::publish_confirmed(&channel, exchange_name, key, body, properties)
-            .await
-            .map_err(|source| {
+            .map_err(|error| {
+                let source = match error {
+                    PublishError::Broker(source) => source,
+                    PublishError::ConfirmTimeout(timeout) => {
+                        return ClientError::Unconfirmed {
+                            exchange: exchange.to_string(),
+                            timeout,
+                        };
+                    }
+                };
                 if amqp::reply_code(&source) == Some(404) {
                     ClientError::ExchangeMissing {
                         exchange: exchange.to_string(),

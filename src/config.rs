@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::ladder::{Ladder, LadderError, format_duration, parse_duration};
@@ -66,7 +66,7 @@ fn invalid(key: &str, value: impl fmt::Display, reason: impl Into<String>) -> Co
 
 /// The file as written. Every section and key is optional; unknown keys are errors.
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default)]
@@ -85,55 +85,73 @@ pub struct RawConfig {
 
 /// `[broker]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBroker {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub urls: Option<Vec<String>>,
 }
 
 /// `[topology]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTopology {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_type: Option<String>,
 }
 
 /// `[delays]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDelays {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ladder: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub margin: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_delay: Option<String>,
 }
 
 /// `[bridge]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBridge {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_full_timeout: Option<String>,
 }
 
 /// `[cancel]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCancel {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub grace: Option<String>,
 }
 
 /// `[[route]]`
 #[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ingress: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
 }
 
@@ -239,10 +257,11 @@ pub fn redact_url(text: &str) -> String {
 }
 
 /// A validated configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The broker to connect to.
-    pub url: BrokerUrl,
+    /// Every broker, in the order they are tried: on connection loss the bridge moves to the
+    /// next one (the nodes of a cluster). Never empty.
+    pub urls: Vec<BrokerUrl>,
     /// The names of the bridge's exchanges and queues.
     pub names: Names,
     /// Classic or quorum queues.
@@ -261,6 +280,11 @@ pub struct Config {
     pub worker_threads: usize,
     /// How long shutdown waits for in-flight publishes to be confirmed.
     pub shutdown_timeout: Duration,
+    /// How long the bridge waits for the broker to confirm one publish before it gives up
+    /// on that channel and lets the message be redelivered.
+    pub confirm_timeout: Duration,
+    /// How long a target may refuse (nack) a message before it is parked `target-full`.
+    pub target_full_timeout: Duration,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).
     pub cancel_grace: Duration,
@@ -288,6 +312,10 @@ pub mod defaults {
     pub const MAX_WORKER_THREADS: u32 = 64;
     /// `bridge.shutdown_timeout`
     pub const SHUTDOWN_TIMEOUT: &str = "10s";
+    /// `bridge.confirm_timeout`
+    pub const CONFIRM_TIMEOUT: &str = "30s";
+    /// `bridge.target_full_timeout`
+    pub const TARGET_FULL_TIMEOUT: &str = "5m";
     /// `cancel.grace`
     pub const CANCEL_GRACE: &str = "1d";
 }
@@ -321,7 +349,10 @@ impl Config {
         })?;
         for (var, value) in overrides {
             match *var {
-                ENV_URL => raw.broker.url = Some(value.clone()),
+                ENV_URL => {
+                    raw.broker.url = Some(value.clone());
+                    raw.broker.urls = None;
+                }
                 ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
                 _ => {}
             }
@@ -370,7 +401,23 @@ fn exchange_name(key: &str, value: &Option<String>) -> Result<String, ConfigErro
 impl RawConfig {
     /// Checks every key and builds the validated config.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let url = BrokerUrl::parse(self.broker.url.as_deref().unwrap_or(DEFAULT_URL))?;
+        let urls = match (self.broker.url, self.broker.urls) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "broker",
+                    "url and urls",
+                    "give either `url` (one broker) or `urls` (several), not both",
+                ));
+            }
+            (None, Some(list)) if list.is_empty() => {
+                return Err(invalid("broker.urls", "[]", "name at least one broker"));
+            }
+            (None, Some(list)) => list
+                .iter()
+                .map(|u| BrokerUrl::parse(u))
+                .collect::<Result<Vec<_>, _>>()?,
+            (url, None) => vec![BrokerUrl::parse(url.as_deref().unwrap_or(DEFAULT_URL))?],
+        };
         let prefix = self
             .topology
             .prefix
@@ -447,6 +494,23 @@ impl RawConfig {
             &self.bridge.shutdown_timeout,
             defaults::SHUTDOWN_TIMEOUT,
         )?;
+        let confirm_timeout = duration_key(
+            "bridge.confirm_timeout",
+            &self.bridge.confirm_timeout,
+            defaults::CONFIRM_TIMEOUT,
+        )?;
+        if confirm_timeout.is_zero() {
+            return Err(invalid(
+                "bridge.confirm_timeout",
+                "0s",
+                "must be longer than zero",
+            ));
+        }
+        let target_full_timeout = duration_key(
+            "bridge.target_full_timeout",
+            &self.bridge.target_full_timeout,
+            defaults::TARGET_FULL_TIMEOUT,
+        )?;
         let cancel_grace =
             duration_key("cancel.grace", &self.cancel.grace, defaults::CANCEL_GRACE)?;
         let names = Names::new(prefix);
@@ -493,7 +557,7 @@ impl RawConfig {
             routes.push(Route { ingress, target });
         }
         Ok(Config {
-            url,
+            urls,
             names,
             queue_type,
             ladder,
@@ -502,40 +566,71 @@ impl RawConfig {
             prefetch,
             worker_threads: worker_threads as usize,
             shutdown_timeout,
+            confirm_timeout,
+            target_full_timeout,
             cancel_grace,
             routes,
         })
     }
 }
 
+impl Config {
+    /// The broker tried first.
+    pub fn url(&self) -> &BrokerUrl {
+        &self.urls[0]
+    }
+
+    /// The configuration as it would be written, every key explicit, the password redacted.
+    pub fn to_raw(&self) -> RawConfig {
+        let duration = |d: Duration| Some(format_duration(d));
+        RawConfig {
+            broker: if self.urls.len() > 1 {
+                RawBroker {
+                    url: None,
+                    urls: Some(self.urls.iter().map(|u| u.to_string()).collect()),
+                }
+            } else {
+                RawBroker {
+                    url: Some(self.url().to_string()),
+                    urls: None,
+                }
+            },
+            topology: RawTopology {
+                prefix: Some(self.names.prefix().to_string()),
+                queue_type: Some(self.queue_type.to_string()),
+            },
+            delays: RawDelays {
+                ladder: Some(self.ladder.to_string()),
+                margin: duration(self.margin),
+                max_delay: duration(self.max_delay),
+            },
+            bridge: RawBridge {
+                prefetch: Some(u32::from(self.prefetch)),
+                worker_threads: Some(self.worker_threads as u32),
+                shutdown_timeout: duration(self.shutdown_timeout),
+                confirm_timeout: duration(self.confirm_timeout),
+                target_full_timeout: duration(self.target_full_timeout),
+            },
+            cancel: RawCancel {
+                grace: duration(self.cancel_grace),
+            },
+            routes: self
+                .routes
+                .iter()
+                .map(|r| RawRoute {
+                    ingress: Some(r.ingress.clone()),
+                    target: Some(r.target.clone()),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl fmt::Display for Config {
     /// The effective configuration as TOML, password redacted.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "[broker]")?;
-        writeln!(f, "url = {:?}", self.url.to_string())?;
-        writeln!(f, "\n[topology]")?;
-        writeln!(f, "prefix = {:?}", self.names.prefix())?;
-        writeln!(f, "queue_type = \"{}\"", self.queue_type)?;
-        writeln!(f, "\n[delays]")?;
-        writeln!(f, "ladder = \"{}\"", self.ladder)?;
-        writeln!(f, "margin = \"{}\"", format_duration(self.margin))?;
-        writeln!(f, "max_delay = \"{}\"", format_duration(self.max_delay))?;
-        writeln!(f, "\n[bridge]")?;
-        writeln!(f, "prefetch = {}", self.prefetch)?;
-        writeln!(f, "worker_threads = {}", self.worker_threads)?;
-        writeln!(
-            f,
-            "shutdown_timeout = \"{}\"",
-            format_duration(self.shutdown_timeout)
-        )?;
-        writeln!(f, "\n[cancel]")?;
-        writeln!(f, "grace = \"{}\"", format_duration(self.cancel_grace))?;
-        for route in &self.routes {
-            writeln!(f, "\n[[route]]")?;
-            writeln!(f, "ingress = {:?}", route.ingress)?;
-            writeln!(f, "target = {:?}", route.target)?;
-        }
-        Ok(())
+        let text = toml::to_string(&self.to_raw()).map_err(|_| fmt::Error)?;
+        f.write_str(&text)
     }
 }
 
@@ -550,9 +645,69 @@ mod tests {
     }
 
     #[test]
+    fn the_printed_configuration_reads_back_as_the_same() {
+        let text = format!(
+            "[broker]\nurl = \"amqp://user@broker:5672/%2f\"\n\
+             [topology]\nprefix = \"p\"\nqueue_type = \"quorum\"\n\
+             [delays]\nladder = \"1s 5s 1m30s\"\nmargin = \"120ms\"\nmax_delay = \"30d\"\n\
+             [bridge]\nprefetch = 100\nworker_threads = 2\nshutdown_timeout = \"3s\"\n\
+             confirm_timeout = \"7s\"\ntarget_full_timeout = \"90s\"\n\
+             [cancel]\ngrace = \"2h\"\n{MINIMAL}\
+             [[route]]\ningress = \"b.in\"\ntarget = \"b\"\n"
+        );
+        let config = parse(&text).unwrap();
+        let printed = config.to_string();
+        assert_eq!(parse(&printed).unwrap(), config, "{printed}");
+        // The default URL's password is printed as *** and read back as that: all else
+        // round-trips.
+        let defaults = parse(MINIMAL).unwrap();
+        let mut back = parse(&defaults.to_string()).unwrap();
+        assert_ne!(back.url(), defaults.url());
+        back.urls = defaults.urls.clone();
+        assert_eq!(back, defaults);
+    }
+
+    #[test]
+    fn several_brokers_are_tried_in_order_and_printed_redacted() {
+        let config = parse(&format!(
+            "[broker]\nurls = [\"amqp://u:pw1@node1:5672/%2f\", \"amqp://u:pw2@node2:5672/%2f\"]\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(config.urls.len(), 2);
+        let printed = config.to_string();
+        assert!(
+            printed.contains("u:***@node1") && printed.contains("u:***@node2"),
+            "{printed}"
+        );
+        assert!(
+            !printed.contains("pw1") && !printed.contains("pw2"),
+            "{printed}"
+        );
+        let both = parse(&format!(
+            "[broker]\nurl = \"amqp://a/%2f\"\nurls = [\"amqp://b/%2f\"]\n{MINIMAL}"
+        ));
+        assert!(matches!(both, Err(ConfigError::Invalid { key, .. }) if key == "broker"));
+        let none = parse(&format!("[broker]\nurls = []\n{MINIMAL}"));
+        assert!(matches!(none, Err(ConfigError::Invalid { key, .. }) if key == "broker.urls"));
+        let one = parse(MINIMAL).unwrap();
+        assert_eq!(one.urls.len(), 1);
+    }
+
+    #[test]
+    fn the_printed_configuration_never_shows_the_password() {
+        let config = parse(&format!(
+            "[broker]\nurl = \"amqp://user:s3cret@broker/%2f\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        let printed = config.to_string();
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("user:***@broker"), "{printed}");
+    }
+
+    #[test]
     fn defaults_fill_a_minimal_file() {
         let c = parse(MINIMAL).unwrap();
-        assert_eq!(c.url.expose(), DEFAULT_URL);
+        assert_eq!(c.url().expose(), DEFAULT_URL);
         assert_eq!(c.names.prefix(), "delay-bridge");
         assert_eq!(c.queue_type, QueueType::Classic);
         assert_eq!(c.ladder, Ladder::default_ladder());
@@ -614,9 +769,9 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.url.expose(), "amqp://u:secret@h:5673/v");
+        assert_eq!(c.url().expose(), "amqp://u:secret@h:5673/v");
         assert_eq!(c.names.prefix(), "other");
-        assert_eq!(c.url.user(), "u");
+        assert_eq!(c.url().user(), "u");
     }
 
     #[test]
@@ -684,7 +839,7 @@ mod tests {
             )],
         )
         .unwrap();
-        for shown in [c.to_string(), format!("{c:?}"), c.url.to_string()] {
+        for shown in [c.to_string(), format!("{c:?}"), c.url().to_string()] {
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(shown.contains("admin:***@rabbit"), "{shown}");
         }

@@ -9,7 +9,8 @@ use lapin::BasicProperties;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-use delay_bridge::bridge::{Stats, now_ms};
+use delay_bridge::bridge::Stats;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
 use delay_bridge::plan::{hop_count, plan};
@@ -23,7 +24,7 @@ const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
 pub async fn run_demo(base: &Config) -> Result<()> {
     println!(
         "delay-bridge demo: broker {}, ladder of {} levels ({} .. {}), margin {}",
-        base.url,
+        base.url(),
         base.ladder.levels().len(),
         format_duration(base.ladder.smallest()),
         format_duration(base.ladder.largest()),

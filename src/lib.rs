@@ -10,8 +10,27 @@
 //! in process, and publishes the message to its target exchange with its original routing
 //! key, body and properties. All state lives in RabbitMQ.
 //!
-//! The crate is layered: pure logic ([`ladder`], [`plan`], [`contract`], [`naming`],
-//! [`config`]) with no I/O, and the runtime ([`topology`], [`amqp`], [`bridge`]) at the edge.
+//! # Layout
+//!
+//! Pure core (no broker I/O; the time is a parameter):
+//! - [`clock`]: the only reader of the wall clock.
+//! - [`ladder`]: delay levels, presets, duration parsing and printing.
+//! - [`plan`]: the next step for a remaining time: hop into a level, hold, or deliver.
+//! - [`naming`]: the names of the bridge's exchanges and queues, from its prefix.
+//! - [`config`]: the TOML file, raw then validated.
+//! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
+//!   park reasons, a content header's frame size.
+//! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
+//!
+//! AMQP edge:
+//! - [`amqp`]: connecting, and the one confirmed, mandatory publish ([`amqp::publisher`]),
+//!   which matches returns to their own publish and decides what a result means.
+//! - [`topology`]: what the bridge declares, as data, then declared or deleted.
+//!
+//! The service and its client:
+//! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
+//!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower.
+//! - [`client`]: the typed client: schedule, cancel, reschedule.
 
 #![warn(missing_docs)]
 
@@ -19,6 +38,7 @@ pub mod amqp;
 pub mod bridge;
 pub mod cancel;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod contract;
 pub mod ladder;

@@ -1,5 +1,6 @@
 //! The `delay-bridge` command line: run the bridge, run a demo, plan a delay, check a config.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use delay_bridge::config::{Config, RawConfig, defaults};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
+#[cfg(feature = "bench")]
 mod bench;
 mod demo;
 mod sandbox;
@@ -72,7 +74,8 @@ enum Command {
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
     /// Measure against the configured broker on a throw-away topology (each report says how the
-    /// bridge under test ran).
+    /// bridge under test ran). Built with `--features bench`.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(bench::Scenario),
     /// Schedule one message through the bridge (waits for the broker's confirm).
@@ -88,6 +91,11 @@ enum Command {
     Cancel {
         /// The message id to cancel.
         message_id: String,
+        /// When the message was due (RFC 3339 or epoch ms, as `schedule` printed it): the
+        /// bridges then forget the cancel once that time plus `cancel.grace` has passed,
+        /// instead of keeping it `max_delay` longer.
+        #[arg(long)]
+        due: Option<String>,
     },
     /// Move a scheduled message to a new time: cancel its id, then schedule it again.
     Reschedule {
@@ -98,18 +106,65 @@ enum Command {
     },
 }
 
+/// What the AMQP client must never log, whatever `RUST_LOG` says: the returned messages it
+/// dumps at warn (bodies and header values) and its frame traces (a connection's first frames
+/// carry the credentials).
+const SILENCED: [&str; 2] = ["lapin::returned_messages=off", "lapin::frames=debug"];
+
+/// `RUST_LOG`, or `default` when it is unset, with [`SILENCED`] on top.
+fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    SILENCED.iter().fold(filter, |filter, directive| {
+        filter.add_directive(directive.parse().expect("a valid directive"))
+    })
+}
+
+/// The stack of every thread this process starts (in bytes), the AMQP client's I/O thread
+/// included: its parser recurses once per level of a header table, so a hostile publisher's
+/// table nested ~1 150 levels deep (8 KiB) overflowed the default 2 MiB and aborted the
+/// bridge, again at every redelivery. The deepest table a 128 KiB frame can carry (~18 700
+/// levels) needs about 32 MiB in a release build and over 128 MiB in a debug one. This is
+/// address space reserved per thread, not memory used.
+const THREAD_STACK_BYTES: &str = "268435456";
+
+/// Starts this program again with `RUST_MIN_STACK` set, unless it is set already: the
+/// standard library reads it when the first thread starts, and setting it from inside the
+/// process would need `unsafe`. `exec` keeps the process id, so signals and supervisors
+/// see no difference. Returns only if that is impossible.
+fn ensure_thread_stack() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("RUST_MIN_STACK").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let error = std::process::Command::new(exe)
+        .arg0(args.next().unwrap_or_default())
+        .args(args)
+        .env("RUST_MIN_STACK", THREAD_STACK_BYTES)
+        .exec();
+    eprintln!(
+        "delay-bridge: could not restart with RUST_MIN_STACK={THREAD_STACK_BYTES} ({error}); \
+         set it yourself: a header table nested deeper than ~1 000 levels would crash the bridge"
+    );
+}
+
 fn main() -> Result<()> {
+    ensure_thread_stack();
     let cli = Cli::parse();
     // The demo prints its own story; the bridge's logs would interleave with it.
     let default_filter = match cli.command {
-        Command::Demo | Command::Bench(_) => "warn",
+        Command::Demo => "warn",
+        #[cfg(feature = "bench")]
+        Command::Bench(_) => "warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
+        .with_env_filter(log_filter(default_filter))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     match &cli.command {
@@ -127,6 +182,7 @@ fn main() -> Result<()> {
             margin,
         } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
         Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
+        #[cfg(feature = "bench")]
         Command::Bench(scenario) => {
             let config = load(&cli)?;
             runtime()?.block_on(bench::run(&config, scenario))
@@ -135,9 +191,9 @@ fn main() -> Result<()> {
             let config = load(&cli)?;
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
         }
-        Command::Cancel { message_id } => {
+        Command::Cancel { message_id, due } => {
             let config = load(&cli)?;
-            runtime()?.block_on(schedule_cmd::cancel(&config, message_id))
+            runtime()?.block_on(schedule_cmd::cancel(&config, message_id, due.as_deref()))
         }
         Command::Reschedule { message_id, args } => {
             let config = load(&cli)?;

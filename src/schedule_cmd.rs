@@ -7,8 +7,8 @@ use clap::Args;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-use delay_bridge::bridge::now_ms;
 use delay_bridge::client::{Cancelled, Client, Message, Scheduled, When};
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
@@ -36,6 +36,21 @@ pub struct ScheduleArgs {
     /// The `content_type` property.
     #[arg(long)]
     content_type: Option<String>,
+}
+
+/// An instant given as RFC 3339 or as epoch milliseconds.
+fn parse_instant(text: &str) -> Result<std::time::SystemTime> {
+    let ms = match text.parse::<u64>() {
+        Ok(ms) => ms,
+        Err(_) => {
+            let t = chrono::DateTime::parse_from_rfc3339(text).with_context(|| {
+                format!("{text:?} is neither an RFC 3339 time nor epoch milliseconds")
+            })?;
+            u64::try_from(t.timestamp_millis())
+                .with_context(|| format!("{text:?} is before 1970"))?
+        }
+    };
+    Ok(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 impl ScheduleArgs {
@@ -80,7 +95,8 @@ impl ScheduleArgs {
 }
 
 async fn client(config: &Config) -> Result<Client> {
-    Ok(Client::connect(config.url.expose(), config.names.prefix()).await?)
+    let urls: Vec<&str> = config.urls.iter().map(|u| u.expose()).collect();
+    Ok(Client::connect_any(&urls, config.names.prefix()).await?)
 }
 
 fn describe(s: &Scheduled) -> String {
@@ -114,10 +130,14 @@ pub async fn schedule(config: &Config, args: &ScheduleArgs, id: Option<&str>) ->
     Ok(())
 }
 
-/// `delay-bridge cancel`
-pub async fn cancel(config: &Config, id: &str) -> Result<()> {
+/// `delay-bridge cancel`; `due` (RFC 3339 or epoch ms) lets bridges forget the tombstone
+/// once the message's due time plus the grace has passed.
+pub async fn cancel(config: &Config, id: &str, due: Option<&str>) -> Result<()> {
     let client = client(config).await?;
-    let cancelled = client.cancel(id).await?;
+    let cancelled = match due {
+        None => client.cancel(id).await?,
+        Some(due) => client.cancel_due(id, parse_instant(due)?).await?,
+    };
     println!("{}", describe_cancel(&cancelled));
     client.close().await?;
     Ok(())

@@ -53,7 +53,8 @@ pub enum TopologyError {
     /// A queue or exchange exists with other arguments or type than the configuration asks.
     #[error(
         "{kind} `{name}` already exists with different settings: {broker}. \
-         Delete it or change the configuration (prefix, ladder, queue_type) to match"
+         It may hold messages: do not delete it. Change the configuration back, or move to \
+         a new topology.prefix as the README's 'Changing the topology' says"
     )]
     Mismatch {
         /// "queue" or "exchange".
@@ -80,6 +81,54 @@ impl TopologyError {
     pub fn is_permanent(&self) -> bool {
         matches!(self, TopologyError::Mismatch { .. })
     }
+}
+
+/// Queue arguments that do not change what happens to the messages in a queue (its storage
+/// format, its paging, how long a stream keeps old entries). An existing queue that differs
+/// from the configuration only in these is used as it is, with a warning, so that upgrading
+/// the bridge or changing `max_delay` or `cancel.grace` never asks to delete a queue that
+/// may hold messages.
+pub const TOLERATED_ARGUMENTS: [&str; 3] = ["x-queue-version", "x-queue-mode", "x-max-age"];
+
+/// What a 406 "inequivalent arg" says: the argument, and the existing queue's value
+/// (`None`: it has none). Reads the broker's text, for example `inequivalent arg
+/// 'x-queue-version' for queue 'q' in vhost '/': received '2' but current is '1'`.
+pub fn inequivalent_argument(text: &str) -> Option<(String, Option<String>)> {
+    let rest = text.split_once("inequivalent arg '")?.1;
+    let (argument, rest) = rest.split_once('\'')?;
+    let current = rest.rsplit_once("current is ")?.1.trim_end_matches('"');
+    if current.starts_with("none") {
+        return Some((argument.to_string(), None));
+    }
+    let quoted = current.strip_prefix("the value ").unwrap_or(current);
+    let value = quoted.strip_prefix('\'')?.split_once('\'')?.0;
+    Some((argument.to_string(), Some(value.to_string())))
+}
+
+/// The arguments to declare again so that they match an existing queue in `argument`
+/// (whose value there is `current`), keeping the configured value's type.
+fn matching(
+    arguments: &[(&'static str, AMQPValue)],
+    argument: &str,
+    current: Option<&str>,
+) -> Option<Vec<(&'static str, AMQPValue)>> {
+    let name = *TOLERATED_ARGUMENTS.iter().find(|a| **a == argument)?;
+    let mut adjusted: Vec<_> = arguments
+        .iter()
+        .filter(|(k, _)| *k != name)
+        .cloned()
+        .collect();
+    if let Some(current) = current {
+        let configured = arguments.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+        let value = match configured {
+            Some(AMQPValue::LongLongInt(_)) | Some(AMQPValue::LongInt(_)) => {
+                AMQPValue::LongLongInt(current.parse().ok()?)
+            }
+            _ => text(current),
+        };
+        adjusted.push((name, value));
+    }
+    Some(adjusted)
 }
 
 fn text(s: &str) -> AMQPValue {
@@ -180,11 +229,11 @@ impl Topology {
     /// Declares everything, in order: the work exchange and bound work queue exist before
     /// any level queue, so no expiry is ever dropped.
     pub async fn declare(&self, connection: &Connection) -> Result<(), TopologyError> {
-        let channel = open(connection, "channel", "declare").await?;
+        let mut channel = open(connection, "channel", "declare").await?;
         let (work_exchange, rest) = self.exchanges.split_first().expect("work exchange");
         declare_exchange(&channel, work_exchange).await?;
         for queue in &self.queues[..2] {
-            declare_queue(&channel, queue).await?;
+            declare_queue(connection, &mut channel, queue).await?;
         }
         for exchange in rest {
             declare_exchange(&channel, exchange).await?;
@@ -192,9 +241,9 @@ impl Topology {
         for (queue, exchange) in &self.bindings {
             bind(&channel, queue, exchange).await?;
         }
-        declare_queue(&channel, &self.cancel_stream).await?;
+        declare_queue(connection, &mut channel, &self.cancel_stream).await?;
         for queue in &self.queues[2..] {
-            declare_queue(&channel, queue).await?;
+            declare_queue(connection, &mut channel, queue).await?;
         }
         let _ = channel.close(200, "declared".into()).await;
         Ok(())
@@ -267,23 +316,58 @@ async fn declare_exchange(channel: &Channel, name: &str) -> Result<(), TopologyE
         .map_err(|e| classify("exchange", name, e))
 }
 
-async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), TopologyError> {
-    let mut args = FieldTable::default();
-    for (k, v) in &queue.arguments {
-        args.insert(ShortString::from(*k), v.clone());
+/// Declares a queue. An existing queue that differs only in [`TOLERATED_ARGUMENTS`] is used
+/// as it is, with one warning per argument (a mismatch closes the channel: a new one is
+/// opened in its place).
+async fn declare_queue(
+    connection: &Connection,
+    channel: &mut Channel,
+    queue: &QueueSpec,
+) -> Result<(), TopologyError> {
+    let mut arguments = queue.arguments.clone();
+    let mut kept = Vec::new();
+    loop {
+        let mut args = FieldTable::default();
+        for (k, v) in &arguments {
+            args.insert(ShortString::from(*k), v.clone());
+        }
+        let declared = channel
+            .queue_declare(
+                ShortString::from(queue.name.as_str()),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args,
+            )
+            .await;
+        let error = match declared {
+            Ok(_) => break,
+            Err(e) => classify("queue", &queue.name, e),
+        };
+        let TopologyError::Mismatch { broker, .. } = &error else {
+            return Err(error);
+        };
+        let Some((argument, current)) = inequivalent_argument(broker) else {
+            return Err(error);
+        };
+        if kept.contains(&argument) {
+            return Err(error);
+        }
+        let Some(adjusted) = matching(&arguments, &argument, current.as_deref()) else {
+            return Err(error);
+        };
+        *channel = open(connection, "channel", "declare").await?;
+        arguments = adjusted;
+        kept.push(argument.clone());
+        tracing::warn!(
+            queue = %queue.name,
+            argument = %argument,
+            existing = current.as_deref().unwrap_or("none"),
+            "queue exists with another value of an argument that does not change what happens to its messages; used as it is"
+        );
     }
-    channel
-        .queue_declare(
-            ShortString::from(queue.name.as_str()),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            args,
-        )
-        .await
-        .map(|_| ())
-        .map_err(|e| classify("queue", &queue.name, e))
+    Ok(())
 }
 
 async fn bind(channel: &Channel, queue: &str, exchange: &str) -> Result<(), TopologyError> {
@@ -379,5 +463,51 @@ mod tests {
             );
             assert_eq!(arg(q, "x-overflow"), Some(&text("reject-publish")));
         }
+    }
+
+    #[test]
+    fn the_brokers_inequivalent_arg_text_is_read() {
+        let cases = [
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-queue-version' for queue 'q' in vhost '/': received the value '2' of type 'signedint' but current is none",
+                ("x-queue-version", None),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-queue-version' for queue 'q' in vhost '/': received '2' but current is '1'",
+                ("x-queue-version", Some("1")),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-queue-mode' for queue 'q' in vhost '/': received none but current is the value 'lazy' of type 'longstr'",
+                ("x-queue-mode", Some("lazy")),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue 's' in vhost '/': received '20s' but current is '10s'",
+                ("x-max-age", Some("10s")),
+            ),
+        ];
+        for (text, (argument, current)) in cases {
+            assert_eq!(
+                inequivalent_argument(text),
+                Some((argument.to_string(), current.map(str::to_string))),
+                "{text}"
+            );
+        }
+        assert_eq!(inequivalent_argument("NOT_FOUND - no queue 'q'"), None);
+    }
+
+    #[test]
+    fn only_tolerated_arguments_are_matched_to_the_existing_queue() {
+        let args = vec![
+            ("x-message-ttl", AMQPValue::LongLongInt(1_000)),
+            ("x-queue-mode", text("lazy")),
+            CLASSIC_QUEUE_VERSION,
+        ];
+        let version_1 = matching(&args, "x-queue-version", Some("1")).unwrap();
+        assert!(version_1.contains(&("x-queue-version", AMQPValue::LongLongInt(1))));
+        assert!(version_1.contains(&("x-message-ttl", AMQPValue::LongLongInt(1_000))));
+        let no_mode = matching(&args, "x-queue-mode", None).unwrap();
+        assert!(!no_mode.iter().any(|(k, _)| *k == "x-queue-mode"));
+        assert_eq!(matching(&args, "x-message-ttl", Some("2000")), None);
+        assert_eq!(matching(&args, "x-queue-type", Some("quorum")), None);
     }
 }

@@ -1,11 +1,13 @@
-//! AMQP plumbing: connecting (password never shown), and the one confirmed publish path.
+//! AMQP plumbing: connecting (password never shown), and the one confirmed publish path
+//! ([`publisher::Publisher`]).
 
+pub mod publisher;
+pub(crate) mod returns;
 pub mod targets;
+pub(crate) mod verdict;
 
-use lapin::Confirmation;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::options::ConfirmSelectOptions;
+use lapin::{Channel, Connection, ConnectionProperties};
 use thiserror::Error;
 
 use crate::config::BrokerUrl;
@@ -57,41 +59,6 @@ pub enum Published {
     },
     /// The broker refused it (a nack: for example a full queue with `reject-publish`).
     Nacked,
-}
-
-/// Publishes with `mandatory` and waits for the broker's confirm. The channel must be in
-/// confirm mode. Many of these run at once on one channel: never publish-await-publish.
-pub async fn publish_confirmed(
-    channel: &Channel,
-    exchange: ShortString,
-    routing_key: ShortString,
-    body: &[u8],
-    properties: BasicProperties,
-) -> Result<Published, lapin::Error> {
-    let confirm = channel
-        .basic_publish(
-            exchange,
-            routing_key,
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            body,
-            properties,
-        )
-        .await?
-        .await?;
-    Ok(match confirm {
-        Confirmation::Ack(None) => Published::Routed,
-        Confirmation::Ack(Some(returned)) => Published::Returned {
-            code: returned.reply_code,
-            text: returned.reply_text.to_string(),
-        },
-        Confirmation::Nack(_) => Published::Nacked,
-        Confirmation::NotRequested => {
-            unreachable!("publish_confirmed needs a channel in confirm mode")
-        }
-    })
 }
 
 /// The AMQP reply code of a channel or connection error, if the broker sent one.

@@ -1,4 +1,4 @@
-//! One confirm-mode channel per target exchange.
+//! One confirm-mode publisher per target exchange.
 //!
 //! Publishing to a missing exchange makes the broker close the channel (404) and fail every
 //! confirm pending on it. With a channel per target, only publishes to that same missing
@@ -6,17 +6,19 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use lapin::{Channel, Connection};
+use lapin::Connection;
 
-use super::confirm_channel;
+use super::publisher::Publisher;
 
 /// Lazily opened confirm channels, one per target exchange.
 pub struct TargetChannels {
     connection: Arc<Connection>,
+    confirm_timeout: Duration,
     /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
     /// of thousands of deliveries due at once must not queue on an async lock.
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Publisher>>,
     /// One async lock per target, taken only to open its channel, so that thousands of
     /// deliveries to a target that has no channel yet open one between them, not one each
     /// (which ran the connection out of channels in a burst).
@@ -24,10 +26,12 @@ pub struct TargetChannels {
 }
 
 impl TargetChannels {
-    /// No channels yet; they open on first use.
-    pub fn new(connection: Arc<Connection>) -> Self {
+    /// No channels yet; they open on first use. Each publish waits at most
+    /// `confirm_timeout` for its confirm.
+    pub fn new(connection: Arc<Connection>, confirm_timeout: Duration) -> Self {
         Self {
             connection,
+            confirm_timeout,
             channels: Mutex::new(HashMap::new()),
             opening: Mutex::new(HashMap::new()),
         }
@@ -35,7 +39,7 @@ impl TargetChannels {
 
     /// The open channel for `target`, opening a new one if there is none or it was closed.
     /// Concurrent callers for the same target share one opening.
-    pub async fn get(&self, target: &str) -> Result<Channel, lapin::Error> {
+    pub async fn get(&self, target: &str) -> Result<Publisher, lapin::Error> {
         if let Some(channel) = self.open_channel(target) {
             return Ok(channel);
         }
@@ -51,7 +55,7 @@ impl TargetChannels {
         if let Some(channel) = self.open_channel(target) {
             return Ok(channel);
         }
-        let opened = confirm_channel(&self.connection).await?;
+        let opened = Publisher::open(&self.connection, self.confirm_timeout).await?;
         self.channels
             .lock()
             .expect("target channels lock")
@@ -59,27 +63,29 @@ impl TargetChannels {
         Ok(opened)
     }
 
-    fn open_channel(&self, target: &str) -> Option<Channel> {
+    /// A private confirm channel for one publish that must not share the fate of others
+    /// (after a refusal: every publish pending on a closed channel gets the same error).
+    /// The caller closes it.
+    pub async fn isolated(&self) -> Result<Publisher, lapin::Error> {
+        Publisher::open(&self.connection, self.confirm_timeout).await
+    }
+
+    fn open_channel(&self, target: &str) -> Option<Publisher> {
         let channels = self.channels.lock().expect("target channels lock");
-        channels
-            .get(target)
-            .filter(|c| c.status().connected())
-            .cloned()
+        channels.get(target).filter(|p| p.is_open()).cloned()
     }
 
     /// Closes every open target channel (on shutdown).
     pub async fn close_all(&self) {
-        let channels: Vec<Channel> = self
+        let publishers: Vec<Publisher> = self
             .channels
             .lock()
             .expect("target channels lock")
             .drain()
             .map(|(_, c)| c)
             .collect();
-        for channel in channels {
-            if channel.status().connected() {
-                let _ = channel.close(200, "delay-bridge stopping".into()).await;
-            }
+        for publisher in publishers {
+            publisher.close("delay-bridge stopping").await;
         }
     }
 }

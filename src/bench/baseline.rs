@@ -128,8 +128,8 @@ pub async fn measure(
         "delay-bridge-bench-baseline-{:06x}",
         rand::random::<u32>() & 0xff_ffff
     );
-    let publisher = amqp::connect(&config.url, "delay-bridge bench baseline publisher").await?;
-    let consumer = amqp::connect(&config.url, "delay-bridge bench baseline consumer").await?;
+    let publisher = amqp::connect(config.url(), "delay-bridge bench baseline publisher").await?;
+    let consumer = amqp::connect(config.url(), "delay-bridge bench baseline consumer").await?;
     let channel = amqp::confirm_channel(&publisher).await?;
     channel
         .queue_declare(
@@ -216,7 +216,7 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
         args.paced_seconds,
     )
     .await?;
-    println!("baseline: broker {}, no bridge", config.url);
+    println!("baseline: broker {}, no bridge", config.url());
     println!("{}", baseline.line());
     println!("latency, ms:          {}", Spread::header());
     println!("  flat out            {}", baseline.latency.row());

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use delay_bridge::amqp;
-use delay_bridge::bridge::now_ms;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 
 use super::baseline::BaselineArgs;
@@ -30,7 +30,7 @@ pub struct Args {
     baseline: BaselineArgs,
 }
 
-/// Target of issue #6: drain rate as a share of the baseline.
+/// Target of the performance table (README): drain rate as a share of the baseline.
 const DRAIN_RATIO_TARGET: f64 = 0.6;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
@@ -52,7 +52,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         args.body_size
     );
     println!("bridge: {}", bridge_description());
-    println!("broker: {}", base.url);
+    println!("broker: {}", base.url());
     println!("{}", baseline.line());
     println!(
         "published in {:.2} s; received {}, missing {}, duplicates {}",
@@ -141,7 +141,7 @@ async fn measure(
         .context("the bridge runs in a child process")?;
     let start = process.usage()?;
     let machine = super::MachineCpu::now();
-    let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
+    let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let due_ms = now_ms() + lead.as_millis() as u64;

@@ -18,8 +18,9 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
 use serde_json::json;
 
-use delay_bridge::bridge::{Stats, now_ms};
+use delay_bridge::bridge::Stats;
 use delay_bridge::client::{Client, Message, When};
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
@@ -74,7 +75,7 @@ async fn measure(
     first: Duration,
 ) -> Result<Vec<Sample>> {
     let client =
-        Arc::new(Client::connect(bench.config.url.expose(), bench.config.names.prefix()).await?);
+        Arc::new(Client::connect(bench.config.url().expose(), bench.config.names.prefix()).await?);
     let channel = bench.conn.create_channel().await?;
     let mut arrivals = channel
         .basic_consume(
@@ -169,7 +170,7 @@ fn report(samples: &[Sample], (dropped, delivered): (u64, u64), base: &Config) {
     println!(
         "cancel horizon: bridge in process (library Bridge::run), margin {}, broker {}",
         format_duration(base.margin),
-        base.url
+        base.url()
     );
     println!(
         "{:>10}  {:>8}  {:>5}  {:>24}",

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use delay_bridge::amqp;
-use delay_bridge::bridge::now_ms;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::plan::{Step, next_step};
@@ -58,7 +58,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         format_duration(delay)
     );
     println!("bridge: {}", bridge_description());
-    println!("broker: {}", base.url);
+    println!("broker: {}", base.url());
     println!("{}", baseline.line());
     println!(
         "moved {count} into level(s) {} in {:.2} s: {rate:.0} hops/s = {ratio:.2} x baseline",

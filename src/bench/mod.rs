@@ -2,7 +2,7 @@
 //! scenario first measures the broker's own ceiling (`baseline`) in the same run, with the
 //! same publisher and consumer, and prints its figures as ratios of it. Each scenario
 //! prints a human table and then one JSON object (the last line of its output); each
-//! target of issue #6 is printed as PASS or MISS next to its figure.
+//! target of the performance table (README) is printed as PASS or MISS next to its figure.
 //!
 //! The bridge under test runs as users run it: `steady`, `burst`, `hop` and `pending` start
 //! this executable's `run` command as a child process (so its RSS and CPU time are its
@@ -17,6 +17,7 @@ mod ladder;
 mod load;
 mod pending;
 mod steady;
+mod tombstones;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -48,6 +49,9 @@ pub enum Scenario {
     /// How long before deliver-at a confirmed cancel still wins: cancels are confirmed at
     /// decreasing lead times before their messages' due time; the table shows which won.
     CancelHorizon(cancel_horizon::Args),
+    /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
+    /// stream of `--count` tombstones, beside a start on an empty stream.
+    Tombstones(tombstones::Args),
 }
 
 /// Runs one scenario against the configured broker.
@@ -60,6 +64,7 @@ pub async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::Pending(args) => pending::run(base, args).await,
         Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
+        Scenario::Tombstones(args) => tombstones::run(base, args).await,
     }
 }
 
@@ -147,7 +152,7 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// One target of issue #6: what is compared, the figure, and whether it is met.
+/// One target of the performance table (README): what is compared, the figure, and whether it is met.
 pub struct Target {
     /// What is measured and its limit, e.g. "steady p99 lateness <= 5 ms".
     pub name: String,

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use delay_bridge::amqp;
-use delay_bridge::bridge::now_ms;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::{Config, QueueType};
 use delay_bridge::ladder::{format_duration, parse_duration};
 
@@ -43,7 +43,7 @@ pub struct Args {
     baseline: BaselineArgs,
 }
 
-/// Targets of issue #6.
+/// Targets of the performance table (README).
 const RSS_LIMIT: u64 = 64 * 1024 * 1024;
 const RSS_FLAT_GROWTH: f64 = 0.10;
 const BROKER_BYTES_PER_MESSAGE: f64 = 200.0;
@@ -175,7 +175,7 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
         format_duration(base.ladder.largest())
     );
     println!("bridge: {}", bridge_description());
-    println!("broker: {}", base.url);
+    println!("broker: {}", base.url());
     println!("{}", baseline.line());
     println!(
         "{:>10} {:>14} {:>12} {:>14} {:>12} {:>12} {:>10} {:>9}",

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 
 use delay_bridge::amqp;
-use delay_bridge::bridge::now_ms;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
@@ -40,7 +40,7 @@ pub struct Args {
     baseline: BaselineArgs,
 }
 
-/// Targets of issue #6 on the 2-core reference machine.
+/// Targets of the performance table (README) on the 2-core reference machine.
 const P99_LIMIT_MS: f64 = 5.0;
 const MAX_LIMIT_MS: f64 = 50.0;
 
@@ -72,7 +72,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         args.body_size
     );
     println!("bridge: {}", bridge_description());
-    println!("broker: {}", base.url);
+    println!("broker: {}", base.url());
     println!("{}", baseline.line());
     println!(
         "published {count} at {:.0} msg/s achieved; received {}, missing {}, duplicates {}, early {}",
@@ -168,7 +168,7 @@ async fn measure(
     let start = process.usage()?;
     let machine = super::MachineCpu::now();
     let started = tokio::time::Instant::now();
-    let consumer = amqp::connect(&sandbox.config.url, "delay-bridge bench collector").await?;
+    let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);

@@ -17,9 +17,11 @@ use lapin::{Channel, Connection};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{BridgeError, Shared, now_ms};
-use crate::amqp::{self, Published};
+use super::{BridgeError, Shared};
+use crate::amqp::Published;
+use crate::amqp::publisher::Publisher;
 use crate::cancel::{Inserted, StreamEntry, read_entry, sync_properties};
+use crate::clock::now_ms;
 
 /// Stream consumers need a prefetch; acks only return credit.
 const STREAM_PREFETCH: u16 = 1000;
@@ -34,7 +36,7 @@ const SWEEP_AT_MOST: Duration = Duration::from_secs(30);
 pub(super) async fn follow(
     shared: Arc<Shared>,
     connection: &Connection,
-    publish: &Channel,
+    publish: &Publisher,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), BridgeError>>, BridgeError> {
     let stream = shared.config.names.cancel_stream();
@@ -66,15 +68,15 @@ pub(super) async fn follow(
         .map_err(BridgeError::broker("consuming the cancel stream"))?;
 
     let token = format!("{:032x}", rand::random::<u128>());
-    let marker = amqp::publish_confirmed(
-        publish,
-        ShortString::from(""),
-        ShortString::from(stream.as_str()),
-        b"",
-        sync_properties(ShortString::from(token.as_str())),
-    )
-    .await
-    .map_err(BridgeError::broker("appending the catch-up marker"))?;
+    let marker = publish
+        .publish(
+            ShortString::from(""),
+            ShortString::from(stream.as_str()),
+            b"",
+            sync_properties(ShortString::from(token.as_str())),
+        )
+        .await
+        .map_err(BridgeError::publish("appending the catch-up marker"))?;
     match marker {
         Published::Routed => {}
         Published::Returned { code, text } => {

@@ -1,13 +1,14 @@
 //! The bridge runtime: connect, declare, consume the work queue, hop/hold/deliver/park, and
 //! reconnect with backoff when the broker goes away. Runs until its shutdown token fires.
 
-pub mod acks;
+pub(crate) mod acks;
 mod cancels;
-mod worker;
+mod carrier;
+mod session;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::watch;
@@ -35,6 +36,15 @@ pub enum BridgeError {
         /// The client error.
         source: lapin::Error,
     },
+    /// A publish on the bridge's own channel got no answer (channel lost, or no confirm
+    /// within `bridge.confirm_timeout`).
+    #[error("{what}: {source}")]
+    Publish {
+        /// What the bridge was doing.
+        what: &'static str,
+        /// Why the publish has no answer.
+        source: crate::amqp::publisher::PublishError,
+    },
     /// A publish into the bridge's own topology came back unrouted (a level or the parked
     /// queue was deleted under the bridge); the session restarts and redeclares.
     #[error("{0}")]
@@ -56,6 +66,12 @@ impl BridgeError {
 
     fn broker(what: &'static str) -> impl FnOnce(lapin::Error) -> BridgeError {
         move |source| BridgeError::Broker { what, source }
+    }
+
+    fn publish(
+        what: &'static str,
+    ) -> impl FnOnce(crate::amqp::publisher::PublishError) -> BridgeError {
+        move |source| BridgeError::Publish { what, source }
     }
 }
 
@@ -115,9 +131,12 @@ impl Bridge {
     /// A bridge for this configuration.
     pub fn new(config: Config) -> Self {
         let topology = Topology::from_config(&config);
-        let bridge_user = config.url.user();
+        let bridge_user = config.url().user();
         let work_exchange = config.names.work_exchange();
-        let tombstones = TombstoneSet::new(config.tombstone_keep().as_millis() as u64);
+        let tombstones = TombstoneSet::new(
+            config.tombstone_keep().as_millis() as u64,
+            config.cancel_grace.as_millis() as u64,
+        );
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -147,30 +166,35 @@ impl Bridge {
     /// reconnecting cannot fix. Connection loss is logged once and retried with backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BridgeError> {
         let config = &self.shared.config;
+        let brokers: Vec<String> = config.urls.iter().map(|u| u.to_string()).collect();
         tracing::info!(
-            url = %config.url,
+            brokers = %brokers.join(" "),
             prefix = config.names.prefix(),
             levels = config.ladder.levels().len(),
             queue_type = %config.queue_type,
             "delay-bridge starting"
         );
-        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        let reconnect_delays = || backoff(Duration::from_millis(200), Duration::from_secs(30));
+        let mut delays = reconnect_delays();
         let mut failing = false;
+        // Which broker to try: on every loss or refusal, the next one (a cluster's nodes).
+        let mut broker = 0;
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            let started = tokio::time::Instant::now();
-            match self.session(&shutdown).await {
+            match self.session(&shutdown, &config.urls[broker]).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_permanent() => {
                     tracing::error!("{e}");
                     return Err(e);
                 }
                 Err(e) => {
-                    self.ready_tx.send_replace(false);
-                    if started.elapsed() > Duration::from_secs(30) {
-                        backoff.reset();
+                    // A session that got as far as consuming worked: the next loss is news,
+                    // and reconnecting starts again from the shortest pause.
+                    if self.ready_tx.send_replace(false) {
+                        delays = reconnect_delays();
+                        failing = false;
                     }
                     if failing {
                         tracing::debug!("still failing: {e}");
@@ -181,8 +205,9 @@ impl Bridge {
                         failing = true;
                     }
                     self.shared.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    broker = (broker + 1) % config.urls.len();
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                        _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(30))) => {}
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }
@@ -190,25 +215,64 @@ impl Bridge {
         }
     }
 
-    async fn session(&self, shutdown: &CancellationToken) -> Result<(), BridgeError> {
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        url: &crate::config::BrokerUrl,
+    ) -> Result<(), BridgeError> {
         let config = &self.shared.config;
-        let connection = Arc::new(
-            amqp::connect(
-                &config.url,
-                &format!("delay-bridge {}", config.names.prefix()),
-            )
-            .await?,
-        );
+        let connection =
+            Arc::new(amqp::connect(url, &format!("delay-bridge {}", config.names.prefix())).await?);
+        let alarms = CancellationToken::new();
+        let _stop_alarm_log = alarms.clone().drop_guard();
+        let events = connection.events_listener();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = log_alarms(events) => {}
+                _ = alarms.cancelled() => {}
+            }
+        });
         self.shared.topology.declare(&connection).await?;
-        let result = worker::run_session(
+        let result = session::run(
             self.shared.clone(),
             connection.clone(),
             shutdown,
             &self.ready_tx,
         )
         .await;
-        let _ = connection.close(200, "delay-bridge stopping".into()).await;
+        // A broker under a resource alarm reads nothing, not even a close.
+        if !connection.status().blocked() {
+            let _ = tokio::time::timeout(
+                CLOSE_TIMEOUT,
+                connection.close(200, "delay-bridge stopping".into()),
+            )
+            .await;
+        }
         result
+    }
+}
+
+/// How long closing a channel or the connection may take before the bridge goes on without
+/// the broker's answer.
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Logs the broker's flow control: `connection.blocked` (a memory or disk alarm) once at
+/// warn with its reason, and the unblock at info. Publishes wait meanwhile (their confirm
+/// deadline does not run); nothing is given up.
+async fn log_alarms(events: impl futures::Stream<Item = lapin::Event>) {
+    use futures::StreamExt;
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            lapin::Event::ConnectionBlocked(reason) => tracing::warn!(
+                %reason,
+                "the broker blocked publishing (resource alarm); deliveries wait until it unblocks"
+            ),
+            lapin::Event::ConnectionUnblocked => {
+                tracing::info!("the broker unblocked publishing; deliveries resume")
+            }
+            _ => {}
+        }
     }
 }
 
@@ -217,46 +281,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Brid
     Bridge::new(config).run(shutdown).await
 }
 
-/// Wall-clock now, epoch milliseconds.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// How long from now until the epoch-ms instant `at` (zero if it has passed), measured
-/// with the clock's full precision.
-pub fn until_epoch_ms(at: u64) -> Duration {
-    (UNIX_EPOCH + Duration::from_millis(at))
-        .duration_since(SystemTime::now())
-        .unwrap_or_default()
-}
-
-/// Exponential backoff with jitter.
-struct Backoff {
-    base: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max,
-            attempt: 0,
-        }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let exp = self.base.saturating_mul(1 << self.attempt.min(16));
-        self.attempt += 1;
-        let capped = exp.min(self.max);
-        capped.mul_f64(0.5 + rand::random::<f64>() / 2.0)
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
+/// Pauses between attempts: from `min`, doubling up to `max`, with jitter, without end.
+pub(crate) fn backoff(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }

@@ -661,3 +661,76 @@ fn consumed_properties_rebuild_what_a_level_message_was_read_with() {
         "parking from the envelope parks the same message"
     );
 }
+
+#[test]
+fn cc_and_bcc_are_set_aside_on_hops_and_restored_on_delivery() {
+    let cc = AMQPValue::FieldArray(FieldArray::from(vec![ls("victim")]));
+    let bcc = AMQPValue::FieldArray(FieldArray::from(vec![ls("hidden")]));
+    let published = with_headers(vec![
+        ("x-delay", AMQPValue::LongInt(5_000)),
+        ("CC", cc.clone()),
+        ("BCC", bcc.clone()),
+        ("app", ls("kept")),
+    ]);
+    let first = decode_with("in", &published).unwrap();
+    let hop = hop_properties(&first);
+    assert_eq!(header(&hop, "CC"), None, "a hop routes only to its level");
+    assert_eq!(header(&hop, "BCC"), None);
+    assert_eq!(header(&hop, "delay-bridge-cc"), Some(&cc));
+    let again = decode_with(WORK, &through_level(&hop)).unwrap();
+    let second_hop = hop_properties(&again);
+    assert_eq!(header(&second_hop, "CC"), None);
+    let delivered = delivery_properties(&again, "bridge");
+    assert_eq!(header(&delivered, "CC"), Some(&cc));
+    assert_eq!(header(&delivered, "BCC"), Some(&bcc));
+    assert_eq!(header(&delivered, "app"), Some(&ls("kept")));
+    assert_eq!(header(&delivered, "delay-bridge-cc"), None);
+    // Parked copies cannot route by CC either.
+    let parked = parked_properties(&published, &Parked::new(ParkReason::BadState, "test"));
+    assert_eq!(header(&parked, "CC"), None);
+    assert_eq!(header(&parked, "delay-bridge-cc"), Some(&cc));
+}
+
+#[test]
+fn a_copy_that_hopped_with_cc_before_the_stash_existed_keeps_it_for_delivery() {
+    let cc = AMQPValue::FieldArray(FieldArray::from(vec![ls("extra.key")]));
+    let first = decode_with(
+        "in",
+        &with_headers(vec![("x-delay", AMQPValue::LongInt(5_000))]),
+    )
+    .unwrap();
+    // An older bridge carried CC on the hop itself.
+    let mut old = Properties::from(&hop_properties(&first));
+    let mut headers = old.headers.take().unwrap().inner().clone();
+    headers.insert("CC".into(), cc.clone());
+    old.headers = Some(FieldTable::from(headers));
+    let again = decode_with(WORK, &through_level(&old.into())).unwrap();
+    assert_eq!(header(&hop_properties(&again), "CC"), None);
+    assert_eq!(
+        header(&delivery_properties(&again, "bridge"), "CC"),
+        Some(&cc)
+    );
+}
+
+#[test]
+fn a_parked_copy_without_publisher_headers_keeps_the_bridges_and_says_so() {
+    let consumed = with_headers(vec![("app", ls("big")), ("delay-bridge-target", ls("out"))])
+        .with_message_id("m".into());
+    let parked = Parked::new(ParkReason::TooLarge, "over the frame");
+    let props = parked_properties_without_headers(&consumed, &parked);
+    assert_eq!(header(&props, "app"), None);
+    assert_eq!(header(&props, "delay-bridge-target"), Some(&ls("out")));
+    assert_eq!(
+        header(&props, "delay-bridge-reason"),
+        Some(&ls("too-large"))
+    );
+    let AMQPValue::LongString(detail) = header(&props, "delay-bridge-detail").unwrap() else {
+        panic!("a long string");
+    };
+    let detail = String::from_utf8_lossy(detail.as_bytes()).into_owned();
+    assert!(
+        detail.starts_with("over the frame; the publisher's headers were dropped"),
+        "{detail}"
+    );
+    assert_eq!(props.message_id().as_ref().map(|m| m.as_str()), Some("m"));
+}

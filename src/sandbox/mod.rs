@@ -4,7 +4,12 @@
 //! child process ([`process::BridgeProcess`]), the two ways users run it. `finish` stops it
 //! and deletes everything.
 
+#[cfg(feature = "bench")]
+mod measure;
+#[cfg(feature = "bench")]
 pub mod process;
+#[cfg(feature = "bench")]
+pub use measure::queue_counts;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +20,7 @@ use lapin::options::{
     QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::{Connection, ExchangeKind};
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::bridge::{Bridge, BridgeError, Stats};
@@ -23,6 +28,7 @@ use delay_bridge::config::{Config, Route};
 use delay_bridge::naming::Names;
 use delay_bridge::topology::Topology;
 
+#[cfg(feature = "bench")]
 use process::BridgeProcess;
 
 /// A throw-away topology, its target, and the bridge serving it (once started).
@@ -47,44 +53,8 @@ enum Running {
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<Result<(), BridgeError>>,
     },
+    #[cfg(feature = "bench")]
     Process(BridgeProcess),
-}
-
-/// A queue's ready messages and consumers, from a passive declare.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueCounts {
-    /// Messages ready for delivery (not counting unacknowledged ones).
-    pub messages: u64,
-    /// Consumers attached.
-    pub consumers: u64,
-}
-
-/// Counts of an existing queue (an error if it does not exist).
-pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts> {
-    let channel = conn.create_channel().await?;
-    let counts = counts_on(&channel, queue).await;
-    let _ = channel.close(200, "counted".into()).await;
-    counts
-}
-
-/// Counts of an existing queue by a passive declare on `channel` (which a missing queue
-/// closes).
-async fn counts_on(channel: &Channel, queue: &str) -> Result<QueueCounts> {
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("queue {queue}"))?;
-    Ok(QueueCounts {
-        messages: u64::from(declared.message_count()),
-        consumers: u64::from(declared.consumer_count()),
-    })
 }
 
 impl Sandbox {
@@ -110,7 +80,7 @@ impl Sandbox {
             target: target.clone(),
         }];
         let conn = Arc::new(
-            delay_bridge::amqp::connect(&config.url, stem)
+            delay_bridge::amqp::connect(config.url(), stem)
                 .await
                 .context("is RabbitMQ running? try: bash scripts/broker.sh")?,
         );
@@ -171,13 +141,6 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Starts the bridge as a `delay-bridge run` child process and waits until it is ready.
-    pub async fn run_process(&mut self) -> Result<()> {
-        self.ensure_not_started()?;
-        self.running = Running::Process(BridgeProcess::start(&self.config, &self.conn).await?);
-        Ok(())
-    }
-
     fn ensure_not_started(&self) -> Result<()> {
         if !matches!(self.running, Running::NotStarted) {
             bail!("the sandbox's bridge is already started");
@@ -194,40 +157,6 @@ impl Sandbox {
         }
     }
 
-    /// The bridge's child process, when it runs in one.
-    pub fn process(&self) -> Option<&BridgeProcess> {
-        match &self.running {
-            Running::Process(process) => Some(process),
-            _ => None,
-        }
-    }
-
-    /// The queue names of the bridge's delay levels.
-    pub fn level_queues(&self) -> Vec<String> {
-        self.config
-            .ladder
-            .levels()
-            .iter()
-            .map(|l| self.config.names.level_queue(*l))
-            .collect()
-    }
-
-    /// Ready messages in all level queues together.
-    pub async fn pending_in_levels(&self) -> Result<u64> {
-        self.ready_in(&self.level_queues()).await
-    }
-
-    /// Ready messages in these queues together (one channel, one passive declare each).
-    pub async fn ready_in(&self, queues: &[String]) -> Result<u64> {
-        let channel = self.conn.create_channel().await?;
-        let mut total = 0;
-        for queue in queues {
-            total += counts_on(&channel, queue).await?.messages;
-        }
-        let _ = channel.close(200, "counted".into()).await;
-        Ok(total)
-    }
-
     /// Stops the bridge, however it runs (graceful shutdown in both cases).
     pub async fn stop_bridge(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.running, Running::NotStarted) {
@@ -237,6 +166,7 @@ impl Sandbox {
                 task.await.context("the bridge task panicked")??;
                 Ok(())
             }
+            #[cfg(feature = "bench")]
             Running::Process(process) => process.stop().await,
         }
     }

@@ -58,7 +58,7 @@ impl ProcessUsage {
 }
 
 impl BridgeProcess {
-    /// Starts `delay-bridge run` for `config` and waits (up to 30 s) until it consumes the
+    /// Starts `delay-bridge run` for `config` and waits (up to 5 min) until it consumes the
     /// work queue, which it does only once its topology is declared and the cancel stream
     /// is read up to date. The work queue must already exist.
     pub async fn start(config: &Config, conn: &Connection) -> Result<Self> {
@@ -72,7 +72,7 @@ impl BridgeProcess {
             .arg("--config")
             .arg(&config_file)
             .arg("run")
-            .env("DELAY_BRIDGE_URL", config.url.expose())
+            .env("DELAY_BRIDGE_URL", config.url().expose())
             .env(
                 "RUST_LOG",
                 std::env::var("DELAY_BRIDGE_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
@@ -88,7 +88,8 @@ impl BridgeProcess {
             config_file,
         };
         let work_queue = config.names.work_queue();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        // Long enough to read a cancel stream of millions of tombstones.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
         loop {
             if let Some(status) = process.child.try_wait()? {
                 bail!("the bridge process exited before it was ready: {status}");
@@ -97,7 +98,7 @@ impl BridgeProcess {
                 return Ok(process);
             }
             if tokio::time::Instant::now() > deadline {
-                bail!("the bridge process did not consume {work_queue} within 30 s");
+                bail!("the bridge process did not consume {work_queue} within 5 min");
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -125,8 +126,11 @@ impl BridgeProcess {
         let (utime, stime) = ticks(14)
             .zip(ticks(15))
             .with_context(|| format!("unreadable /proc/{}/stat", self.pid))?;
-        // SAFETY: sysconf has no preconditions.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100)
+            .max(1) as u64;
         Ok(ProcessUsage {
             rss: kib("VmRSS:")?,
             peak_rss: kib("VmHWM:")?,
@@ -136,8 +140,11 @@ impl BridgeProcess {
 
     /// Stops it with SIGTERM (its graceful shutdown) and waits up to 30 s for it to exit.
     pub async fn stop(mut self) -> Result<()> {
-        // SAFETY: kill has no memory preconditions; the pid is our own child's.
-        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGTERM) };
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .context("signalling the bridge process")?;
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .context("the bridge process did not exit within 30 s of SIGTERM")??;

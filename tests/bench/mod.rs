@@ -212,3 +212,13 @@ async fn bench_cancel_horizon_smoke() {
         "every message either dropped or delivered (plus the sentinel)"
     );
 }
+
+#[tokio::test]
+async fn bench_tombstones_smoke() {
+    let json = bench(&["tombstones", "--count", "2000"]).await;
+    assert_eq!(json["count"], 2000);
+    for key in ["ready_empty_s", "ready_full_s", "publish_s"] {
+        assert!(json[key].as_f64().unwrap() > 0.0, "{key}: {json}");
+    }
+    assert!(json["rss_full_bytes"].as_u64().unwrap() > 0, "{json}");
+}

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use delay_bridge::bridge::now_ms;
+use delay_bridge::bridge::Stats;
 use delay_bridge::client::{Message, When};
+use delay_bridge::clock::now_ms;
 use lapin::types::AMQPValue;
 
 use crate::support::*;
@@ -297,6 +298,20 @@ async fn two_instances_both_honour_cancels() {
     w.cleanup().await;
 }
 
+/// Waits until the one tombstone is live, then gone; gives how long after `cancelled_at`
+/// (epoch ms) it left memory.
+async fn tombstone_lifetime(stats: &Stats, cancelled_at: u64) -> u64 {
+    wait_until("the tombstone is live", 5 * SEC, || {
+        count(&stats.tombstones) == 1
+    })
+    .await;
+    wait_until("the tombstone leaves", 10 * SEC, || {
+        count(&stats.tombstones) == 0
+    })
+    .await;
+    now_ms() - cancelled_at
+}
+
 #[tokio::test]
 async fn old_tombstones_leave_memory() {
     // Max delay 2 s plus 1 s grace: a tombstone is kept 3 s after its cancel.
@@ -309,15 +324,7 @@ async fn old_tombstones_leave_memory() {
     let stats = w.stats();
     let client = w.client().await;
     let cancelled = client.cancel("gone-soon").await.unwrap();
-    wait_until("the tombstone is live", 5 * SEC, || {
-        count(&stats.tombstones) == 1
-    })
-    .await;
-    wait_until("the tombstone leaves", 10 * SEC, || {
-        count(&stats.tombstones) == 0
-    })
-    .await;
-    let left_after = now_ms() - cancelled.cancelled_at;
+    let left_after = tombstone_lifetime(&stats, cancelled.cancelled_at).await;
     assert!(
         (3_000..4_000).contains(&left_after),
         "left {left_after} ms after the cancel, expected about 3000"
@@ -494,5 +501,64 @@ async fn the_cli_schedules_reschedules_and_cancels() {
     assert_eq!(w.pending_in_queues().await, 0);
     assert_eq!(count(&w.stats().cancelled), 2);
     let _ = std::fs::remove_file(config);
+    w.cleanup().await;
+}
+
+/// A cancel that says when its message was due leaves memory at that time plus the grace
+/// (1 s here), not `max_delay` (366 d) plus the grace after the cancel.
+#[tokio::test]
+async fn a_cancel_that_names_the_due_time_leaves_memory_after_it() {
+    let w = World::start(Setup {
+        cancel_grace: "1s",
+        ..Setup::new("cancel-due")
+    })
+    .await;
+    let stats = w.stats();
+    let client = w.client().await;
+    let due = SystemTime::now() + Duration::from_millis(500);
+    let cancelled = client.cancel_due("due-soon", due).await.unwrap();
+    let left_after = tombstone_lifetime(&stats, cancelled.cancelled_at).await;
+    assert!(
+        (1_500..2_500).contains(&left_after),
+        "left {left_after} ms after the cancel, expected about 1500"
+    );
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+/// A canceller whose clock runs an hour ahead cannot cancel a copy that entered after the
+/// reading bridge's now plus its 1 s allowance (a reschedule published by a correct clock).
+#[tokio::test]
+async fn a_canceller_clock_ahead_does_not_cancel_a_later_reschedule() {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    let mut w = World::start(Setup::new("cancel-clock")).await;
+    let stats = w.stats();
+    let now = now_ms();
+    publish_to(
+        &w.publisher,
+        "",
+        &w.config.names.cancel_stream(),
+        b"",
+        tombstone_properties(message_id("clock").unwrap(), now + 3_600_000, None),
+    )
+    .await;
+    wait_until("the tombstone is read", 5 * SEC, || {
+        count(&stats.tombstones) == 1
+    })
+    .await;
+    let rescheduled = headers(vec![
+        ("x-delay", AMQPValue::LongLongInt(300)),
+        ("x-published-at", AMQPValue::LongLongInt(now as i64 + 2_500)),
+    ]);
+    w.publish(
+        "rk.clock",
+        b"rescheduled",
+        lapin::BasicProperties::default()
+            .with_message_id("clock".into())
+            .with_headers(rescheduled),
+    )
+    .await;
+    let got = w.recv_within(5 * SEC).await;
+    assert_eq!(got.body, b"rescheduled");
     w.cleanup().await;
 }

@@ -3,12 +3,17 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use delay_bridge::bridge::{Bridge, Stats, now_ms};
-use delay_bridge::config::Config;
+use delay_bridge::bridge::{Bridge, Stats};
+use delay_bridge::clock::now_ms;
+use delay_bridge::config::{
+    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawRoute, RawTopology,
+};
 use delay_bridge::topology::Topology;
 use futures::StreamExt;
 use lapin::options::{
@@ -56,6 +61,15 @@ impl Received {
     }
 }
 
+/// A message that reached the target queue or the parked queue.
+#[derive(Debug)]
+pub enum Arrival {
+    /// Delivered to the target.
+    Target(Received),
+    /// Parked, with a reason.
+    Parked(Received),
+}
+
 /// A test's world: its own prefix, a target topic exchange with a catch-all queue, the
 /// parked queue watched, and a bridge (in process unless the test starts processes).
 pub struct World {
@@ -88,6 +102,8 @@ pub struct Setup<'a> {
     pub max_delay: &'a str,
     /// `cancel.grace`.
     pub cancel_grace: &'a str,
+    /// `bridge.target_full_timeout`, when not the default.
+    pub target_full_timeout: Option<&'a str>,
 }
 
 impl<'a> Setup<'a> {
@@ -102,10 +118,51 @@ impl<'a> Setup<'a> {
             queue_type: "classic",
             max_delay: "366d",
             cancel_grace: "1d",
+            target_full_timeout: None,
         }
     }
 }
 
+/// The configuration of a test's bridge, as the file would hold it (typed by section; the
+/// validated `Config` comes from `RawConfig::validate`).
+pub fn raw_config(
+    prefix: &str,
+    ladder: &str,
+    margin: &str,
+    routes: &[(String, String)],
+    prefetch: u32,
+) -> RawConfig {
+    RawConfig {
+        broker: RawBroker {
+            url: Some(broker_url()),
+            urls: None,
+        },
+        topology: RawTopology {
+            prefix: Some(prefix.into()),
+            ..RawTopology::default()
+        },
+        delays: RawDelays {
+            ladder: Some(ladder.into()),
+            margin: Some(margin.into()),
+            max_delay: Some("366d".into()),
+        },
+        bridge: RawBridge {
+            prefetch: Some(prefetch),
+            shutdown_timeout: Some("5s".into()),
+            ..RawBridge::default()
+        },
+        cancel: RawCancel::default(),
+        routes: routes
+            .iter()
+            .map(|(ingress, target)| RawRoute {
+                ingress: Some(ingress.clone()),
+                target: Some(target.clone()),
+            })
+            .collect(),
+    }
+}
+
+/// The same as a TOML file, for a bridge process (the password is written as it is).
 pub fn config_toml(
     prefix: &str,
     ladder: &str,
@@ -113,16 +170,7 @@ pub fn config_toml(
     routes: &[(String, String)],
     prefetch: u32,
 ) -> String {
-    let mut text = format!(
-        "[broker]\nurl = \"{}\"\n[topology]\nprefix = \"{prefix}\"\n[delays]\nladder = \"{ladder}\"\nmargin = \"{margin}\"\nmax_delay = \"366d\"\n[bridge]\nprefetch = {prefetch}\nshutdown_timeout = \"5s\"\n",
-        broker_url()
-    );
-    for (ingress, target) in routes {
-        text.push_str(&format!(
-            "[[route]]\ningress = \"{ingress}\"\ntarget = \"{target}\"\n"
-        ));
-    }
-    text
+    toml::to_string(&raw_config(prefix, ladder, margin, routes, prefetch)).expect("TOML")
 }
 
 impl World {
@@ -133,19 +181,12 @@ impl World {
         let target_queue = format!("{prefix}.out.q");
         let mut routes = vec![(ingress.clone(), target.clone())];
         routes.extend(setup.extra_routes.iter().cloned());
-        let text = config_toml(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch)
-            .replace(
-                "[topology]\n",
-                &format!("[topology]\nqueue_type = \"{}\"\n", setup.queue_type),
-            )
-            .replace(
-                "max_delay = \"366d\"",
-                &format!(
-                    "max_delay = \"{}\"\n[cancel]\ngrace = \"{}\"",
-                    setup.max_delay, setup.cancel_grace
-                ),
-            );
-        let config = Config::from_toml(&text, "<test>", &[]).expect("test config is valid");
+        let mut raw = raw_config(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch);
+        raw.topology.queue_type = Some(setup.queue_type.into());
+        raw.delays.max_delay = Some(setup.max_delay.into());
+        raw.cancel.grace = Some(setup.cancel_grace.into());
+        raw.bridge.target_full_timeout = setup.target_full_timeout.map(Into::into);
+        let config = raw.validate().expect("test config is valid");
         let conn = Arc::new(connect().await);
         let setup_channel = conn.create_channel().await.unwrap();
         setup_channel
@@ -295,6 +336,15 @@ impl World {
             .expect("parked consumer alive")
     }
 
+    /// The next message on the target or the parked queue, or `None` after `within`.
+    pub async fn next_arrival(&mut self, within: Duration) -> Option<Arrival> {
+        tokio::select! {
+            Some(m) = self.received.recv() => Some(Arrival::Target(m)),
+            Some(m) = self.parked.recv() => Some(Arrival::Parked(m)),
+            _ = tokio::time::sleep(within) => None,
+        }
+    }
+
     /// Collects `n` messages from the target, panicking at the deadline.
     pub async fn recv_n(&mut self, n: usize, within: Duration) -> Vec<Received> {
         let deadline = Instant::now() + within;
@@ -338,6 +388,11 @@ impl World {
         )
         .await
         .unwrap();
+        self.extra_exchanges.push(name.to_string());
+    }
+
+    /// An exchange the test declared itself, for the cleanup to delete.
+    pub fn adopt_exchange(&mut self, name: &str) {
         self.extra_exchanges.push(name.to_string());
     }
 
@@ -504,18 +559,44 @@ pub struct BridgeProcess {
 }
 
 impl BridgeProcess {
-    /// Starts the release-or-debug binary Cargo built for these tests.
+    /// Starts the release-or-debug binary Cargo built for these tests (warnings only, to
+    /// the test's stderr).
     pub fn spawn(config_path: &std::path::Path) -> BridgeProcess {
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
+        Self::start(config_path, Some("warn"), None)
+    }
+
+    /// As `spawn`, with `RUST_LOG` = `rust_log` (`None`: unset, the binary's default level)
+    /// and stderr written to the file `log`.
+    pub fn spawn_logging(
+        config_path: &std::path::Path,
+        rust_log: Option<&str>,
+        log: &std::path::Path,
+    ) -> BridgeProcess {
+        Self::start(config_path, rust_log, Some(log))
+    }
+
+    fn start(
+        config_path: &std::path::Path,
+        rust_log: Option<&str>,
+        log: Option<&std::path::Path>,
+    ) -> BridgeProcess {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
+        command
             .arg("--config")
             .arg(config_path)
             .arg("run")
-            .env("RUST_LOG", "warn")
+            .env_remove("RUST_LOG")
             .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn delay-bridge");
-        BridgeProcess { child }
+            .kill_on_drop(true);
+        if let Some(level) = rust_log {
+            command.env("RUST_LOG", level);
+        }
+        if let Some(log) = log {
+            command.stderr(std::fs::File::create(log).expect("log file"));
+        }
+        BridgeProcess {
+            child: command.spawn().expect("spawn delay-bridge"),
+        }
     }
 
     pub fn pid(&self) -> i32 {

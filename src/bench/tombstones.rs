@@ -1,0 +1,112 @@
+//! Live tombstones: the bridge's memory per live tombstone, and how long a starting bridge
+//! takes to read a cancel stream holding `count` of them (its catch-up: it consumes nothing
+//! before), each beside the same bridge starting on an empty stream in the same run.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use lapin::types::ShortString;
+use serde_json::json;
+
+use delay_bridge::amqp;
+use delay_bridge::cancel::tombstone_properties;
+use delay_bridge::clock::now_ms;
+use delay_bridge::config::Config;
+
+use super::load::{self, Outgoing};
+use crate::sandbox::Sandbox;
+use crate::sandbox::process::ProcessUsage;
+
+/// `bench tombstones` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Tombstones in the cancel stream, each for its own message id.
+    #[arg(long, default_value_t = 1_000_000)]
+    count: u64,
+}
+
+/// A bridge process started on the sandbox: how long until it consumed, and its usage then.
+async fn start_and_read(sandbox: &mut Sandbox) -> Result<(f64, ProcessUsage)> {
+    let started = Instant::now();
+    sandbox.run_process().await?;
+    let ready_s = started.elapsed().as_secs_f64();
+    let usage = sandbox
+        .process()
+        .context("the bridge runs as a process")?
+        .usage()?;
+    sandbox.stop_bridge().await?;
+    Ok((ready_s, usage))
+}
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-tombstones").await?;
+    let (empty_s, empty) = start_and_read(&mut sandbox).await?;
+
+    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let stream = sandbox.config.names.cancel_stream();
+    let cancelled_at = now_ms();
+    let published = load::publish(&channel, args.count, None, |seq| Outgoing {
+        exchange: ShortString::from(""),
+        routing_key: ShortString::from(stream.as_str()),
+        body: Vec::new(),
+        properties: tombstone_properties(
+            ShortString::from(format!("bench-tombstone-{seq:010}")),
+            cancelled_at,
+            None,
+        ),
+    })
+    .await?;
+    let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
+
+    let (full_s, full) = start_and_read(&mut sandbox).await?;
+    sandbox.finish().await?;
+
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let per_tombstone = (full.rss as f64 - empty.rss as f64) / args.count as f64;
+    println!(
+        "tombstones: {} live, one id each (RabbitMQ {})",
+        args.count,
+        base.url()
+    );
+    println!(
+        "  appended with confirms in {publish_s:.1} s ({:.0}/s)",
+        args.count as f64 / publish_s
+    );
+    println!(
+        "  {:<24} {:>12} {:>12}",
+        "bridge start", "ready in s", "RSS MiB"
+    );
+    println!(
+        "  {:<24} {:>12.2} {:>12.1}",
+        "empty stream (baseline)",
+        empty_s,
+        mib(empty.rss)
+    );
+    println!(
+        "  {:<24} {:>12.2} {:>12.1}",
+        format!("{} tombstones", args.count),
+        full_s,
+        mib(full.rss)
+    );
+    println!(
+        "  catch-up: {:.2} s more than on an empty stream ({:.0} tombstones/s); \
+         memory: {per_tombstone:.0} bytes of RSS per live tombstone",
+        full_s - empty_s,
+        args.count as f64 / (full_s - empty_s).max(1e-3)
+    );
+    println!(
+        "{}",
+        json!({
+            "scenario": "tombstones",
+            "count": args.count,
+            "publish_s": publish_s,
+            "ready_empty_s": empty_s,
+            "ready_full_s": full_s,
+            "catch_up_s": full_s - empty_s,
+            "rss_empty_bytes": empty.rss,
+            "rss_full_bytes": full.rss,
+            "rss_bytes_per_tombstone": per_tombstone,
+        })
+    );
+    Ok(())
+}

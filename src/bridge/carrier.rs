@@ -1,0 +1,523 @@
+//! The carrier of one message: decode it, then hop, hold, deliver, park or drop it until
+//! whatever replaces it is confirmed, and report that to the session (which alone acks).
+//! The hold timer lives here.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lapin::Connection;
+use lapin::message::Delivery;
+use lapin::types::ShortString;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{BridgeError, Shared};
+use crate::amqp::publisher::Publisher;
+use crate::amqp::targets::TargetChannels;
+use crate::amqp::verdict::{Verdict, verdict};
+use crate::clock::{now_ms, until_epoch_ms};
+use crate::contract::{
+    self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
+    hop_properties, parked_properties,
+};
+use crate::plan::{Step, next_step};
+use crate::topology::PARK_AFTER_REDELIVERIES;
+
+/// What a carrier reports to the session about the delivery it carries.
+pub(super) enum Event {
+    /// The delivery waits on a hold timer.
+    Held(u64),
+    /// Its replacement is confirmed: it may be acked.
+    Done(u64),
+    /// It goes back to the broker unprocessed.
+    Release(u64),
+    /// Publishing failed in a way that needs a new session; it goes back to the broker.
+    Failed(u64, BridgeError),
+}
+
+/// What carrying a message needs; one per session, cloned into each message's task.
+#[derive(Clone)]
+pub(super) struct Carrier {
+    shared: Arc<Shared>,
+    /// The bridge's own confirm channel: hops and parking.
+    publish: Publisher,
+    /// One confirm channel per target exchange.
+    targets: Arc<TargetChannels>,
+    /// The negotiated frame size: a content header must fit in one frame, or the broker
+    /// closes the connection.
+    frame_max: u32,
+    /// Where each message's end is reported.
+    events: mpsc::UnboundedSender<Event>,
+    /// Fires when the session stops: holds and backoffs give their delivery back.
+    stop: CancellationToken,
+}
+
+/// A decoded delivery on its way to its target.
+struct Decoded {
+    tag: u64,
+    body: Vec<u8>,
+    envelope: Envelope,
+    /// When the bridge read it, epoch ms (for the delivered log line).
+    read_at: u64,
+}
+
+/// A delivery that could not be decoded: parked as it was consumed.
+struct Undecodable {
+    body: Vec<u8>,
+    routing_key: ShortString,
+    consumed: lapin::BasicProperties,
+    parked: Parked,
+}
+
+/// Where a publish goes: the bridge's own topology (a level or the parked queue), or a
+/// route's target exchange.
+#[derive(Clone, Copy)]
+enum Destination<'a> {
+    /// A level or the parked queue, named for logs.
+    Own(&'a str),
+    /// A target exchange.
+    Target(&'a str),
+}
+
+/// One message to publish until the broker settles it.
+struct Attempt<'a> {
+    /// The delivery it replaces (held while it backs off).
+    tag: u64,
+    destination: Destination<'a>,
+    exchange: ShortString,
+    routing_key: ShortString,
+    body: &'a [u8],
+    properties: lapin::BasicProperties,
+}
+
+/// How the broker settled a publish.
+enum Settled {
+    /// Routed: the message is where it belongs.
+    Routed,
+    /// It cannot go there: park it with this reason.
+    Park(Parked),
+    /// The bridge is stopping: give the delivery back.
+    Release,
+    /// A new session is needed.
+    Failed(BridgeError),
+}
+
+/// Attempts refused on a private channel before a message is parked.
+const REFUSED_ATTEMPTS: u32 = 3;
+/// Lost channels tolerated for one publish before the session is renewed.
+const LOST_ATTEMPTS: u32 = 3;
+/// The longest pause between two attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// Pauses between publish attempts: 100 ms doubling to 5 s, with jitter.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    super::backoff(Duration::from_millis(100), MAX_RETRY_DELAY)
+}
+
+/// How a message ended, from the task's point of view.
+enum Outcome {
+    Done,
+    Release,
+    Failed(BridgeError),
+}
+
+impl Carrier {
+    /// A carrier for one session on `connection`; `publish` is the session's own confirm
+    /// channel.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        connection: &Arc<Connection>,
+        publish: Publisher,
+        events: mpsc::UnboundedSender<Event>,
+        stop: CancellationToken,
+    ) -> Self {
+        let confirm_timeout = shared.config.confirm_timeout;
+        Self {
+            shared,
+            publish,
+            targets: Arc::new(TargetChannels::new(connection.clone(), confirm_timeout)),
+            frame_max: connection.configuration().frame_max(),
+            events,
+            stop,
+        }
+    }
+
+    /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
+    /// reports [`Event`]s for `delivery_tag`.
+    pub(super) fn start(&self, delivery: Delivery) {
+        let carrier = self.clone();
+        let tag = delivery.delivery_tag;
+        // Decoded before spawning, so the task keeps only what it needs (its future is the
+        // per-delivery memory cost while thousands are held).
+        let prepared = carrier.prepare(delivery);
+        tokio::spawn(async move {
+            let outcome = match &prepared {
+                Ok(decoded) => carrier.carry(decoded).await,
+                Err(undecodable) => {
+                    Box::pin(carrier.park(
+                        tag,
+                        &undecodable.body,
+                        &undecodable.routing_key,
+                        &undecodable.consumed,
+                        &undecodable.parked,
+                    ))
+                    .await
+                }
+            };
+            let event = match outcome {
+                Outcome::Done => Event::Done(tag),
+                Outcome::Release => Event::Release(tag),
+                Outcome::Failed(e) => Event::Failed(tag, e),
+            };
+            let _ = carrier.events.send(event);
+        });
+    }
+
+    /// Closes the carrier's channels (at the end of a session that ended well).
+    pub(super) async fn close(&self) {
+        self.publish.close("delay-bridge stopping").await;
+        self.targets.close_all().await;
+    }
+
+    /// Decodes a delivery. Past this point only its tag, body and envelope are kept: the
+    /// consumed properties (with their x-death history), names and acker are dropped, so
+    /// that the thousands of deliveries held for their last moments stay small.
+    fn prepare(&self, delivery: Delivery) -> Result<Decoded, Box<Undecodable>> {
+        let read_at = now_ms();
+        let Delivery {
+            delivery_tag,
+            exchange,
+            routing_key,
+            properties,
+            data,
+            ..
+        } = delivery;
+        match self.read(&exchange, &routing_key, &properties) {
+            Ok(envelope) => Ok(Decoded {
+                tag: delivery_tag,
+                body: data,
+                envelope,
+                read_at,
+            }),
+            Err(parked) => Err(Box::new(Undecodable {
+                body: data,
+                routing_key,
+                consumed: properties,
+                parked,
+            })),
+        }
+    }
+
+    /// Hops, holds and delivers a decoded message until a replacement is confirmed.
+    async fn carry(&self, moving: &Decoded) -> Outcome {
+        let config = &self.shared.config;
+        let Decoded {
+            tag,
+            body,
+            envelope,
+            read_at,
+        } = moving;
+        loop {
+            if self.cancelled(envelope) {
+                return Outcome::Done;
+            }
+            match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
+                // Boxed: the task's own future is then only as large as its hold, which is
+                // where most deliveries wait.
+                Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
+                Step::Hold(_) => {
+                    let _ = self.events.send(Event::Held(*tag));
+                    // Sleep to the due instant itself (µs precision), not to a whole-ms
+                    // remainder, so the timer adds at most its own 1 ms tick.
+                    tokio::select! {
+                        _ = tokio::time::sleep(until_epoch_ms(envelope.deliver_at)) => continue,
+                        _ = self.stop.cancelled() => return Outcome::Release,
+                    }
+                }
+                Step::Deliver => {
+                    return Box::pin(self.deliver(*tag, body, envelope, *read_at)).await;
+                }
+            }
+        }
+    }
+
+    /// Decodes a consumed delivery, or says why it must be parked.
+    fn read(
+        &self,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        properties: &lapin::BasicProperties,
+    ) -> Result<Envelope, Parked> {
+        if let Some(parked) = contract::redelivered_too_often(properties, PARK_AFTER_REDELIVERIES) {
+            return Err(parked);
+        }
+        let config = &self.shared.config;
+        let intake = Intake {
+            work_exchange: &self.shared.work_exchange,
+            routes: &config.routes,
+            max_delay: config.max_delay,
+        };
+        let incoming = Incoming {
+            exchange: exchange.as_str(),
+            routing_key,
+            properties,
+        };
+        contract::decode(incoming, now_ms(), &intake)
+    }
+
+    /// True when a tombstone covers this copy: it is dropped (acked with nothing replacing
+    /// it), at its next hop or before its delivery.
+    fn cancelled(&self, envelope: &Envelope) -> bool {
+        let Some(id) = envelope.properties.message_id.as_ref() else {
+            return false;
+        };
+        let dropped = self
+            .shared
+            .tombstones
+            .lock()
+            .expect("tombstone lock")
+            .cancels(id.as_str(), envelope.entered_at);
+        if dropped {
+            self.shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                message_id = %id,
+                hops = envelope.hops,
+                due_in_ms = envelope.deliver_at as i64 - now_ms() as i64,
+                "cancelled: dropped"
+            );
+        }
+        dropped
+    }
+
+    async fn hop(&self, tag: u64, body: &[u8], envelope: &Envelope, level: Duration) -> Outcome {
+        let queue = self.shared.config.names.level_queue(level);
+        let attempt = Attempt {
+            tag,
+            destination: Destination::Own(&queue),
+            exchange: ShortString::from(""),
+            routing_key: ShortString::from(queue.as_str()),
+            body,
+            properties: hop_properties(envelope),
+        };
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                self.shared.stats.hops.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(queue, hops = envelope.hops + 1, "hop");
+                Outcome::Done
+            }
+            Settled::Park(parked) => self.park_read(tag, body, envelope, parked).await,
+            Settled::Release => Outcome::Release,
+            Settled::Failed(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Parks a message: `consumed` are the properties it was read with.
+    async fn park(
+        &self,
+        tag: u64,
+        body: &[u8],
+        routing_key: &ShortString,
+        consumed: &lapin::BasicProperties,
+        parked: &Parked,
+    ) -> Outcome {
+        // The detail can quote a header value: only at debug.
+        tracing::warn!(
+            reason = parked.reason.as_str(),
+            message_id = ?consumed.message_id().as_ref().map(|m| m.as_str()),
+            "parking message"
+        );
+        tracing::debug!(reason = parked.reason.as_str(), detail = %parked.detail, "parked detail");
+        let exchange = self.shared.config.names.parked_exchange();
+        let mut properties = parked_properties(consumed, parked);
+        if !contract::fits_frame(&properties, self.frame_max) {
+            properties = contract::parked_properties_without_headers(consumed, parked);
+        }
+        let attempt = Attempt {
+            tag,
+            destination: Destination::Own("the parked queue"),
+            exchange: ShortString::from(exchange.as_str()),
+            routing_key: routing_key.clone(),
+            body,
+            properties,
+        };
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
+                Outcome::Done
+            }
+            // The parked queue refuses it too: leave it to the broker and say why.
+            Settled::Park(again) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
+                "the parked queue refused a message ({}: {})",
+                again.reason, again.detail
+            ))),
+            Settled::Release => Outcome::Release,
+            Settled::Failed(e) => Outcome::Failed(e),
+        }
+    }
+
+    async fn deliver(&self, tag: u64, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
+        let attempt = Attempt {
+            tag,
+            destination: Destination::Target(&envelope.target),
+            exchange: ShortString::from(envelope.target.as_str()),
+            routing_key: envelope.routing_key.clone(),
+            body,
+            properties: delivery_properties(envelope, &self.shared.bridge_user),
+        };
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    target = %envelope.target,
+                    hops = envelope.hops,
+                    late_ms = now_ms().saturating_sub(envelope.deliver_at),
+                    read_lead_ms = envelope.deliver_at as i64 - read_at as i64,
+                    "delivered"
+                );
+                Outcome::Done
+            }
+            Settled::Park(parked) => self.park_read(tag, body, envelope, parked).await,
+            Settled::Release => Outcome::Release,
+            Settled::Failed(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Publishes until the broker settles the message one way or another, deciding each
+    /// attempt's [`Verdict`] the same way for every destination:
+    ///
+    /// - routed: done;
+    /// - returned: a target parks it `unroutable`; the bridge's own queue missing means a
+    ///   new session (it redeclares);
+    /// - nacked: back off and retry; a target that refuses longer than
+    ///   `bridge.target_full_timeout` parks it `target-full`;
+    /// - refused (403, 404, 406): the next attempts go on a private channel, since every
+    ///   publish pending on the closed channel got the same error; refused alone
+    ///   [`REFUSED_ATTEMPTS`] times, a target parks it with the refusal's reason, and so
+    ///   does the bridge's own topology for `too-large` (anything else there is a
+    ///   configuration fault: a new session, logged);
+    /// - lost (channel or connection gone, no confirm in time): retry, then a new session.
+    ///
+    /// While it backs off the delivery counts as held, so the acks of others go on.
+    async fn publish_until_settled(&self, attempt: Attempt<'_>) -> Settled {
+        let config = &self.shared.config;
+        if !contract::fits_frame(&attempt.properties, self.frame_max) {
+            return Settled::Park(Parked::new(
+                ParkReason::TooLarge,
+                format!(
+                    "its properties and headers with the bridge's would take a {}-byte frame, over the connection's {} bytes",
+                    contract::content_header_frame_len(&attempt.properties),
+                    self.frame_max
+                ),
+            ));
+        }
+        let mut delays = retry_delays();
+        let mut lost = 0u32;
+        let mut refused_alone = 0u32;
+        let mut alone = false;
+        let mut nacked_since = None;
+        loop {
+            let publisher = if alone {
+                self.targets.isolated().await
+            } else {
+                match attempt.destination {
+                    Destination::Own(_) => Ok(self.publish.clone()),
+                    Destination::Target(target) => self.targets.get(target).await,
+                }
+            };
+            let publisher = match publisher {
+                Ok(publisher) => publisher,
+                Err(e) => return Settled::Failed(BridgeError::broker("opening a channel")(e)),
+            };
+            let result = publisher
+                .publish(
+                    attempt.exchange.clone(),
+                    attempt.routing_key.clone(),
+                    attempt.body,
+                    attempt.properties.clone(),
+                )
+                .await;
+            if alone {
+                publisher.close("delay-bridge: single publish done").await;
+            }
+            match verdict(result) {
+                Verdict::Routed => return Settled::Routed,
+                Verdict::Returned { code, text } => {
+                    return match attempt.destination {
+                        Destination::Target(target) => Settled::Park(Parked::new(
+                            ParkReason::Unroutable,
+                            format!(
+                                "target exchange `{target}` routed routing key `{}` to no queue ({code} {text})",
+                                attempt.routing_key
+                            ),
+                        )),
+                        Destination::Own(what) => {
+                            Settled::Failed(BridgeError::OwnQueueMissing(format!(
+                                "{what} did not take a message ({code} {text}); redeclaring the topology"
+                            )))
+                        }
+                    };
+                }
+                Verdict::Nacked => {
+                    self.shared.stats.nacks.fetch_add(1, Ordering::Relaxed);
+                    let since = *nacked_since.get_or_insert_with(tokio::time::Instant::now);
+                    if let Destination::Target(target) = attempt.destination
+                        && since.elapsed() >= config.target_full_timeout
+                    {
+                        return Settled::Park(Parked::new(
+                            ParkReason::TargetFull,
+                            format!(
+                                "target exchange `{target}` refused the message (nack) for {}",
+                                crate::ladder::format_duration(config.target_full_timeout)
+                            ),
+                        ));
+                    }
+                }
+                Verdict::Refused { reason, detail } => {
+                    if alone {
+                        refused_alone += 1;
+                    }
+                    alone = true;
+                    if refused_alone >= REFUSED_ATTEMPTS {
+                        let detail = format!("refused {refused_alone} times: {detail}");
+                        return match attempt.destination {
+                            Destination::Own(what) if reason != ParkReason::TooLarge => {
+                                tracing::error!("{what} refused a publish: {detail}");
+                                Settled::Failed(BridgeError::OwnQueueMissing(format!(
+                                    "{what} refused a publish ({detail})"
+                                )))
+                            }
+                            _ => Settled::Park(Parked::new(reason, detail)),
+                        };
+                    }
+                }
+                Verdict::Lost(e) => {
+                    lost += 1;
+                    if lost > LOST_ATTEMPTS {
+                        return Settled::Failed(BridgeError::publish("publishing")(e));
+                    }
+                }
+            }
+            let _ = self.events.send(Event::Held(attempt.tag));
+            let delay = delays.next().unwrap_or(MAX_RETRY_DELAY);
+            tracing::debug!(?delay, "publish not settled; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.stop.cancelled() => return Settled::Release,
+            }
+        }
+    }
+
+    /// Parks a message that was decoded, from its envelope (boxed: parking is rare, and the
+    /// delivery future stays small without it).
+    async fn park_read(
+        &self,
+        tag: u64,
+        body: &[u8],
+        envelope: &Envelope,
+        parked: Parked,
+    ) -> Outcome {
+        let consumed = consumed_properties(envelope);
+        Box::pin(self.park(tag, body, &envelope.routing_key, &consumed, &parked)).await
+    }
+}

@@ -1,0 +1,293 @@
+//! One session on one connection: consume the work queue, hand each delivery to a
+//! [`Carrier`], fold what carriers report into batched acks, and drain on shutdown. This is
+//! the only place that acks.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::acks::{AckOp, AckTracker};
+use super::carrier::{Carrier, Event};
+use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels};
+use crate::amqp::publisher::Publisher;
+
+/// Most carrier events folded into one batch of acks (bounds the time the loop spends away
+/// from the consumer).
+const MAX_EVENT_BATCH: usize = 4096;
+
+/// Runs one session on `connection` until shutdown drains it (`Ok`) or something breaks
+/// (`Err`: the caller reconnects).
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    connection: Arc<Connection>,
+    shutdown: &CancellationToken,
+    ready: &watch::Sender<bool>,
+) -> Result<(), BridgeError> {
+    let config = &shared.config;
+    let consume = connection
+        .create_channel()
+        .await
+        .map_err(BridgeError::broker("opening the consumer channel"))?;
+    consume
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(BridgeError::broker("setting prefetch"))?;
+    let publish = Publisher::open(&connection, config.confirm_timeout)
+        .await
+        .map_err(BridgeError::broker("opening the publisher channel"))?;
+    let stop = CancellationToken::new();
+    let _stop_carriers_on_exit = stop.clone().drop_guard();
+    let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
+    let consumer_tag = format!("delay-bridge-{}", std::process::id());
+    let consumer = consume_work_queue(&consume, &shared, &consumer_tag).await?;
+    ready.send_replace(true);
+    tracing::info!(queue = %config.names.work_queue(), prefetch = config.prefetch, "consuming");
+
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let carrier = Carrier::new(
+        shared.clone(),
+        &connection,
+        publish,
+        events_tx,
+        stop.clone(),
+    );
+    let mut session = Session {
+        shared: shared.clone(),
+        connection: connection.clone(),
+        consume,
+        consumer,
+        consumer_tag,
+        carrier,
+        events,
+        tracker: AckTracker::new(),
+        stop,
+        follower: Some(follower),
+        consuming: true,
+    };
+    let result = session.drive(shutdown).await;
+    session.stop.cancel();
+    if result.is_ok() && !connection.status().blocked() {
+        // Close our channels before the connection closes, so nothing is cut mid-frame
+        // (bounded: a broker that blocks now reads nothing).
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            let _ = session
+                .consume
+                .close(200, "delay-bridge stopping".into())
+                .await;
+            session.carrier.close().await;
+        })
+        .await;
+    }
+    result
+}
+
+async fn consume_work_queue(
+    consume: &Channel,
+    shared: &Shared,
+    consumer_tag: &str,
+) -> Result<Consumer, BridgeError> {
+    consume
+        .basic_consume(
+            shared.config.names.work_queue().as_str().into(),
+            consumer_tag.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(BridgeError::broker("consuming the work queue"))
+}
+
+/// The state of one session.
+struct Session {
+    shared: Arc<Shared>,
+    connection: Arc<Connection>,
+    /// The channel the work queue is consumed and acked on.
+    consume: Channel,
+    consumer: Consumer,
+    consumer_tag: String,
+    carrier: Carrier,
+    /// What carriers report.
+    events: mpsc::UnboundedReceiver<Event>,
+    /// The deliveries not yet acked, and which acks to send.
+    tracker: AckTracker,
+    /// Fires when the session stops.
+    stop: CancellationToken,
+    /// The cancel-stream follower, until it ends.
+    follower: Option<tokio::task::JoinHandle<Result<(), BridgeError>>>,
+    /// False once shutdown began: no new deliveries.
+    consuming: bool,
+}
+
+impl Session {
+    /// Drives the session until shutdown drains it (`Ok`) or something breaks (`Err`).
+    async fn drive(&mut self, shutdown: &CancellationToken) -> Result<(), BridgeError> {
+        let config = self.shared.config.clone();
+        let mut drain_deadline = None;
+        let mut report = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            if !self.consuming && self.tracker.outstanding() == 0 {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                Some(event) = self.events.recv() => self.settle(event).await?,
+                next = self.consumer.next(), if self.consuming => match next {
+                    Some(Ok(delivery)) => {
+                        self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
+                        self.tracker.delivered(delivery.delivery_tag);
+                        self.carrier.start(delivery);
+                    }
+                    Some(Err(e)) => return Err(BridgeError::broker("consuming")(e)),
+                    None => {
+                        return Err(BridgeError::ConsumerEnded(
+                            "the broker cancelled the consumer".into(),
+                        ));
+                    }
+                },
+                ended = follow(&mut self.follower), if self.follower.is_some() => {
+                    self.follower = None;
+                    match ended {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(e),
+                        Err(e) => {
+                            return Err(BridgeError::ConsumerEnded(format!(
+                                "the cancel-stream follower failed: {e}"
+                            )));
+                        }
+                    }
+                }
+                _ = shutdown.cancelled(), if self.consuming => {
+                    self.begin_drain().await;
+                    drain_deadline = Some(tokio::time::Instant::now() + config.shutdown_timeout);
+                }
+                _ = sleep_until(drain_deadline), if drain_deadline.is_some() => {
+                    tracing::warn!(
+                        outstanding = self.tracker.outstanding(),
+                        "shutdown timeout: leaving unconfirmed deliveries unacked (the broker redelivers them)"
+                    );
+                    return Ok(());
+                }
+                _ = report.tick() => {
+                    let held = self.tracker.held_count();
+                    if held > 0 {
+                        tracing::info!(held, outstanding = self.tracker.outstanding(), prefetch = config.prefetch, "holding messages for their last moments");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Folds `first` and every event that finished meanwhile into one batch of acks: one
+    /// `multiple` ack instead of one ack (and one wait for the client's writer) per message.
+    async fn settle(&mut self, first: Event) -> Result<(), BridgeError> {
+        let stats = &self.shared.stats;
+        let mut ops = Vec::new();
+        let mut failure = None;
+        let mut next = Some(first);
+        let mut batched = 0;
+        while let Some(event) = next {
+            match event {
+                Event::Held(tag) => self.tracker.held(tag),
+                Event::Done(tag) => ops.extend(self.tracker.done(tag)),
+                Event::Release(tag) => {
+                    stats.released.fetch_add(1, Ordering::Relaxed);
+                    ops.extend(self.tracker.release(tag));
+                }
+                Event::Failed(tag, error) => {
+                    stats.released.fetch_add(1, Ordering::Relaxed);
+                    ops.extend(self.tracker.release(tag));
+                    failure.get_or_insert(error);
+                }
+            }
+            batched += 1;
+            next = if batched < MAX_EVENT_BATCH {
+                self.events.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        stats
+            .held
+            .store(self.tracker.held_count() as u64, Ordering::Relaxed);
+        apply(&self.consume, AckTracker::compact(ops)).await?;
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Shutdown: no new deliveries; held messages and backoffs give theirs back.
+    async fn begin_drain(&mut self) {
+        self.consuming = false;
+        tracing::info!(
+            outstanding = self.tracker.outstanding(),
+            "stopping: no new deliveries; releasing held messages, waiting for in-flight confirms"
+        );
+        // A broker under a resource alarm reads nothing, not even a cancel.
+        if !self.connection.status().blocked() {
+            let _ = tokio::time::timeout(
+                CLOSE_TIMEOUT,
+                self.consume
+                    .basic_cancel(self.consumer_tag.as_str().into(), Default::default()),
+            )
+            .await;
+        }
+        self.stop.cancel();
+    }
+}
+
+/// The follower's end (pending while there is none).
+async fn follow(
+    follower: &mut Option<tokio::task::JoinHandle<Result<(), BridgeError>>>,
+) -> Result<Result<(), BridgeError>, tokio::task::JoinError> {
+    match follower {
+        Some(handle) => handle.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends acks and requeues. `Ok(false)`-style silent failures do not exist here: any error
+/// means the channel is gone, and the broker redelivers everything unacked.
+async fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
+    for op in ops {
+        let result = match op {
+            AckOp::Multiple(tag) => {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: true })
+                    .await
+            }
+            AckOp::Single(tag) => {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: false })
+                    .await
+            }
+            AckOp::Requeue(tag) => {
+                channel
+                    .basic_nack(
+                        tag,
+                        BasicNackOptions {
+                            multiple: false,
+                            requeue: true,
+                        },
+                    )
+                    .await
+            }
+        };
+        result.map_err(BridgeError::broker("acknowledging"))?;
+    }
+    Ok(())
+}

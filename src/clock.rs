@@ -1,0 +1,20 @@
+//! The wall clock: the only place that reads it. Everything else takes the time as a
+//! parameter (pure code) or asks here (I/O code).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Wall-clock now, epoch milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// How long from now until the epoch-ms instant `at` (zero if it has passed), measured
+/// with the clock's full precision.
+pub fn until_epoch_ms(at: u64) -> Duration {
+    (UNIX_EPOCH + Duration::from_millis(at))
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+}

@@ -1,0 +1,214 @@
+//! Decoding a consumed delivery into an [`Envelope`], or the reason to park it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use super::value::{as_integer, as_text, parse_delay, parse_deliver_at, parse_published_at};
+use super::{
+    Envelope, Incoming, Intake, PERSISTENT, ParkReason, Parked, Properties, Stash, header,
+};
+
+/// Reads a consumed delivery: a new message from an ingress exchange, or one coming back
+/// from a level through the work exchange.
+pub fn decode(
+    incoming: Incoming<'_>,
+    now_ms: u64,
+    intake: &Intake<'_>,
+) -> Result<Envelope, Parked> {
+    let raw = Properties::from(incoming.properties);
+    let headers = raw.headers.clone().unwrap_or_default();
+    if incoming.exchange == intake.work_exchange {
+        return decode_in_flight(raw, &headers, intake);
+    }
+    let route = intake
+        .routes
+        .iter()
+        .find(|r| r.ingress == incoming.exchange)
+        .ok_or_else(|| {
+            Parked::new(
+                ParkReason::UnknownRoute,
+                format!(
+                    "arrived through exchange `{}`, which is no route's ingress exchange",
+                    incoming.exchange
+                ),
+            )
+        })?;
+    let deliver_at = due_time(&headers, now_ms, intake.max_delay)?;
+    let entered_at = match headers.inner().get(header::PUBLISHED_AT) {
+        None => now_ms,
+        Some(value) => parse_published_at(value)
+            .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?,
+    };
+    let (properties, stash) = split_publisher_properties(raw);
+    Ok(Envelope {
+        deliver_at,
+        target: route.target.clone(),
+        routing_key: incoming.routing_key.clone(),
+        hops: 0,
+        first_seen: now_ms,
+        entered_at,
+        properties,
+        stash,
+    })
+}
+
+fn decode_in_flight(
+    raw: Properties,
+    headers: &FieldTable,
+    intake: &Intake<'_>,
+) -> Result<Envelope, Parked> {
+    let get = |name: &str| headers.inner().get(name);
+    let int = |name: &str| -> Result<u64, Parked> {
+        match get(name).and_then(as_integer) {
+            Some(v) if v >= 0 => Ok(v as u64),
+            _ => Err(bad_state(name)),
+        }
+    };
+    let text = |name: &str| -> Result<Option<String>, Parked> {
+        match get(name) {
+            None => Ok(None),
+            Some(v) => as_text(v).map(Some).ok_or_else(|| bad_state(name)),
+        }
+    };
+    let short = |name: &str| -> Result<Option<ShortString>, Parked> {
+        text(name)?
+            .map(|s| ShortString::try_new(s).map_err(|_| bad_state(name)))
+            .transpose()
+    };
+    let deliver_at = int(header::STATE_DELIVER_AT)?;
+    let target = text(header::STATE_TARGET)?.ok_or_else(|| bad_state(header::STATE_TARGET))?;
+    let routing_key =
+        short(header::STATE_ROUTING_KEY)?.ok_or_else(|| bad_state(header::STATE_ROUTING_KEY))?;
+    if !intake.routes.iter().any(|r| r.target == target) {
+        return Err(Parked::new(
+            ParkReason::TargetNotAllowed,
+            format!("target exchange `{target}` is not the target of any configured route"),
+        ));
+    }
+    let delivery_mode = match get(header::STATE_DELIVERY_MODE) {
+        None => Some(PERSISTENT),
+        Some(v) => match as_integer(v) {
+            Some(0) => None,
+            Some(m) if (1..=255).contains(&m) => Some(m as u8),
+            _ => return Err(bad_state(header::STATE_DELIVERY_MODE)),
+        },
+    };
+    // A copy that hopped before `CC` was set aside still carries it: keep it for delivery.
+    let (properties, travelling) = split_publisher_properties(raw);
+    let stash = Stash {
+        expiration: short(header::STATE_EXPIRATION)?,
+        user_id: short(header::STATE_USER_ID)?,
+        delivery_mode,
+        cc: get(header::STATE_CC).cloned().or(travelling.cc),
+        bcc: get(header::STATE_BCC).cloned().or(travelling.bcc),
+    };
+    let hops = int(header::STATE_HOPS)?.min(u64::from(u32::MAX)) as u32;
+    let first_seen = int(header::STATE_FIRST_SEEN)?;
+    let entered_at = match get(header::STATE_ENTERED_AT) {
+        None => first_seen,
+        Some(_) => int(header::STATE_ENTERED_AT)?,
+    };
+    Ok(Envelope {
+        deliver_at,
+        target,
+        routing_key,
+        hops,
+        first_seen,
+        entered_at,
+        properties,
+        stash,
+    })
+}
+
+fn bad_state(name: &str) -> Parked {
+    Parked::new(
+        ParkReason::BadState,
+        format!("bridge header `{name}` is missing or malformed"),
+    )
+}
+
+/// The due time of a new message: `x-deliver-at` wins over `x-delay`; neither means now.
+fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u64, Parked> {
+    let max_ms = max_delay.as_millis() as u64;
+    let too_long = |what: String| {
+        Parked::new(
+            ParkReason::DelayTooLong,
+            format!(
+                "{what} is beyond the maximum delay of {} ({max_ms} ms)",
+                crate::ladder::format_duration(max_delay)
+            ),
+        )
+    };
+    if let Some(value) = headers.inner().get(header::DELIVER_AT) {
+        let at = parse_deliver_at(value)
+            .map_err(|detail| Parked::new(ParkReason::BadDeliverAt, detail))?;
+        let at = u64::try_from(at).unwrap_or(0);
+        if at.saturating_sub(now_ms) > max_ms {
+            return Err(too_long(format!("x-deliver-at {at}")));
+        }
+        return Ok(at.max(now_ms));
+    }
+    let Some(value) = headers.inner().get(header::DELAY) else {
+        return Ok(now_ms);
+    };
+    let delay = parse_delay(value).map_err(|detail| Parked::new(ParkReason::BadDelay, detail))?;
+    if delay <= 0 {
+        return Ok(now_ms);
+    }
+    if delay as u128 > u128::from(max_ms) {
+        return Err(too_long(format!("x-delay {delay} ms")));
+    }
+    Ok(now_ms + delay as u64)
+}
+
+/// A work-queue delivery the broker has redelivered `limit` times or more (quorum queues
+/// count failed deliveries in `x-delivery-count`): parked `redelivery-limit` before the
+/// broker's own delivery limit would dead-letter it without a reason.
+pub fn redelivered_too_often(properties: &BasicProperties, limit: i64) -> Option<Parked> {
+    let count = properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(header::DELIVERY_COUNT)
+        .and_then(as_integer)?;
+    (count >= limit).then(|| {
+        Parked::new(
+            ParkReason::RedeliveryLimit,
+            format!(
+                "redelivered {count} times (x-delivery-count) without being settled; parked so it cannot stall the bridge"
+            ),
+        )
+    })
+}
+
+/// Publisher headers minus what dead-lettering adds and what the bridge itself writes.
+fn publisher_headers(headers: &FieldTable) -> BTreeMap<ShortString, AMQPValue> {
+    headers
+        .inner()
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.as_str();
+            !k.starts_with(header::BRIDGE_PREFIX)
+                && !header::DEATH_PREFIXES.iter().any(|p| k.starts_with(p))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Splits raw properties into what travels (cleaned) and what is set aside.
+fn split_publisher_properties(mut raw: Properties) -> (Properties, Stash) {
+    let mut headers = raw.headers.as_ref().map(publisher_headers);
+    let mut take = |name: &str| headers.as_mut().and_then(|h| h.remove(name));
+    let stash = Stash {
+        expiration: raw.expiration.take(),
+        user_id: raw.user_id.take(),
+        delivery_mode: raw.delivery_mode.take(),
+        cc: take(header::CC),
+        bcc: take(header::BCC),
+    };
+    raw.headers = headers.map(FieldTable::from);
+    (raw, stash)
+}

@@ -1,0 +1,238 @@
+//! Faults of the bridge and its connection: SIGKILL, two processes, SIGTERM, a closed
+//! connection, quorum mode, a burst of first publishes.
+
+use std::time::Duration;
+
+use delay_bridge::bridge::Stats;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// Publishes `n` messages with delays spread over [min_ms, max_ms], message ids `0..n`.
+async fn publish_spread(w: &World, n: usize, min_ms: u64, max_ms: u64) {
+    let mut confirms = Vec::with_capacity(n);
+    for i in 0..n {
+        let delay = min_ms + (i as u64 * 7919) % (max_ms - min_ms);
+        let props = with_delay(delay as i64).with_message_id(i.to_string().into());
+        let confirm = w
+            .publisher
+            .basic_publish(
+                w.ingress.as_str().into(),
+                "rk.load".into(),
+                Default::default(),
+                i.to_string().as_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        confirms.push(confirm);
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+}
+
+/// Counts ids received: (distinct, duplicates).
+fn count_ids(got: &[Received], n: usize) -> (usize, usize) {
+    let mut seen = vec![0u32; n];
+    for m in got {
+        let id: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
+        seen[id] += 1;
+    }
+    let distinct = seen.iter().filter(|c| **c > 0).count();
+    let dups = seen.iter().map(|c| c.saturating_sub(1) as usize).sum();
+    (distinct, dups)
+}
+
+#[tokio::test]
+async fn sigkill_mid_flight_loses_nothing() {
+    const N: usize = 2_000;
+    const PREFETCH: u32 = 1_000;
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("crash")
+    })
+    .await;
+    let path = write_config(&w, PREFETCH);
+    let first = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    publish_spread(&w, N, 300, 4_000).await;
+    // Kill once deliveries have started: the rest sit in levels, holds and in flight.
+    let mut got = w.recv_n(200, 10 * SEC).await;
+    first.kill9().await;
+    let second = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    let deadline = std::time::Instant::now() + 30 * SEC;
+    while count_ids(&got, N).0 < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "missing {} of {N}",
+            N - count_ids(&got, N).0
+        );
+        got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    }
+    got.extend(w.drain_quiet(SEC).await);
+    let (distinct, dups) = count_ids(&got, N);
+    println!("crash: {distinct}/{N} delivered, {dups} duplicates (bound: prefetch {PREFETCH})");
+    assert_eq!(distinct, N, "every message arrives after a SIGKILL");
+    assert!(
+        dups <= PREFETCH as usize,
+        "duplicates {dups} above the in-flight window"
+    );
+    let status = second.terminate(20 * SEC).await;
+    assert!(status.success(), "exit status {status:?}");
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_bridge_processes_share_the_work_without_duplicates() {
+    const N: usize = 600;
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("two")
+    })
+    .await;
+    let path = write_config(&w, 500);
+    let a = BridgeProcess::spawn(&path);
+    let b = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 2, 20 * SEC).await;
+    publish_spread(&w, N, 100, 2_500).await;
+    let mut got = w.recv_n(N, 20 * SEC).await;
+    got.extend(w.drain_quiet(SEC).await);
+    let (distinct, dups) = count_ids(&got, N);
+    assert_eq!((distinct, dups), (N, 0), "all delivered, none twice");
+    for p in [a, b] {
+        assert!(p.terminate(20 * SEC).await.success());
+    }
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn sigterm_releases_held_messages_and_exits_zero() {
+    const N: usize = 200;
+    let mut w = World::start(Setup {
+        ladder: "1s",
+        margin: "100ms",
+        start_bridge: false,
+        ..Setup::new("sigterm")
+    })
+    .await;
+    let path = write_config(&w, 1_000);
+    let first = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    // Delays below the smallest level + margin: every message is held in process.
+    publish_spread(&w, N, 600, 1_050).await;
+    let status = first.terminate(20 * SEC).await;
+    assert!(status.success(), "exit status {status:?}");
+    let mut got = w.drain_quiet(Duration::from_millis(200)).await;
+    let second = BridgeProcess::spawn(&path);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    got.extend(w.recv_n(N - count_ids(&got, N).0, 20 * SEC).await);
+    got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    assert_eq!(
+        count_ids(&got, N),
+        (N, 0),
+        "released, redelivered once each"
+    );
+    assert!(second.terminate(20 * SEC).await.success());
+    let _ = std::fs::remove_file(path);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
+    const N: usize = 300;
+    let mut w = World::start(Setup::new("reconnect")).await;
+    publish_spread(&w, N, 200, 2_500).await;
+    let mut got = w.recv_n(20, 10 * SEC).await;
+    let closed = close_connections_named(&format!("delay-bridge {}", w.prefix));
+    assert_eq!(closed, 1, "the bridge's connection was found and closed");
+    got.extend(w.recv_n(N - count_ids(&got, N).0, 30 * SEC).await);
+    got.extend(w.drain_quiet(Duration::from_millis(500)).await);
+    let (distinct, dups) = count_ids(&got, N);
+    println!("reconnect: {distinct}/{N} delivered, {dups} duplicates");
+    assert_eq!(distinct, N);
+    assert!(dups <= 4_000, "duplicates bounded by prefetch");
+    assert!(Stats::get(&w.stats().reconnects) >= 1);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn quorum_mode_delivers_through_quorum_levels() {
+    let mut w = World::start(Setup {
+        ladder: "100ms 300ms",
+        margin: "30ms",
+        queue_type: "quorum",
+        ..Setup::new("quorum")
+    })
+    .await;
+    let sent = w.publish("rk.q", b"q", with_delay(1_200)).await;
+    let m = w.recv_within(10 * SEC).await;
+    let late = m.at_ms as i64 - (sent as i64 + 1_200);
+    assert!((0..300).contains(&late), "lateness {late} ms");
+    assert_eq!(m.body, b"q");
+    assert!(Stats::get(&w.stats().hops) >= 3);
+    w.cleanup().await;
+}
+
+/// A burst of deliveries to a target that has no channel yet opens one channel between them,
+/// not one each: 3000 at once would exceed the broker's 2047 channels per connection.
+#[tokio::test]
+async fn concurrent_first_publishes_to_a_target_share_one_channel() {
+    use delay_bridge::amqp::targets::TargetChannels;
+    let connection = std::sync::Arc::new(connect().await);
+    let targets = std::sync::Arc::new(TargetChannels::new(connection.clone(), 30 * SEC));
+    let opens = (0..3000).map(|_| {
+        let targets = targets.clone();
+        tokio::spawn(async move { targets.get("amq.direct").await.map(|p| p.channel_id()) })
+    });
+    let ids = tokio::time::timeout(30 * SEC, futures::future::join_all(opens))
+        .await
+        .expect("3000 lookups within 30 s");
+    let mut distinct: Vec<u16> = ids
+        .into_iter()
+        .map(|joined| joined.expect("task").expect("a channel"))
+        .collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
+    targets.close_all().await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// With several brokers configured, the bridge moves past one that refuses connections (the
+/// first, here: nothing listens on its port) and serves through the next.
+#[tokio::test]
+async fn a_bridge_with_several_brokers_moves_past_one_that_is_down() {
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("urls")
+    })
+    .await;
+    let mut config = w.config.clone();
+    let down = delay_bridge::config::BrokerUrl::parse("amqp://guest:guest@127.0.0.1:1/%2f")
+        .expect("a URL");
+    config.urls = vec![down, config.url().clone()];
+    let bridge = delay_bridge::bridge::Bridge::new(config);
+    let stats = bridge.stats();
+    let mut ready = bridge.ready();
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = token.clone();
+    let handle = tokio::spawn(async move { bridge.run(run).await });
+    tokio::time::timeout(20 * SEC, ready.wait_for(|r| *r))
+        .await
+        .expect("ready through the second broker within 20 s")
+        .unwrap();
+    assert!(
+        Stats::get(&stats.reconnects) >= 1,
+        "the first broker was tried"
+    );
+    w.publish("rk.urls", b"through-2", with_delay(200)).await;
+    assert_eq!(w.recv_within(5 * SEC).await.body, b"through-2");
+    token.cancel();
+    handle.await.unwrap().unwrap();
+    w.cleanup().await;
+}

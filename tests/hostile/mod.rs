@@ -1,0 +1,134 @@
+//! Hostile input gets a reason or goes through; it never crashes the bridge.
+
+use std::time::{Duration, Instant};
+
+use lapin::ExchangeKind;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+
+use crate::support::raw::{deep_headers, publish_raw};
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A header table nested 18 000 levels deep (126 KiB, within the broker's 128 KiB
+/// frame) overflows a 2 MiB stack in the AMQP client's recursive parser, on the bridge's
+/// I/O thread: the process aborted, and the message was redelivered to the next start. The
+/// `delay-bridge` binary now gives its threads a stack that holds the deepest table a frame
+/// can carry. The message is delivered (headers are kept end to end) and the bridge goes
+/// on. Nothing in this test process ever parses that message: its target queue is only
+/// counted.
+#[tokio::test]
+async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lost() {
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("deep")
+    })
+    .await;
+    let deep_in = format!("{}.deep-in", w.prefix);
+    let deep_out = format!("{}.deep-out", w.prefix);
+    let deep_queue = format!("{deep_out}.q");
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        deep_out.as_str().into(),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    w.adopt_exchange(&deep_out);
+    w.adopt_exchange(&deep_in);
+    declare_queue(&ch, &deep_queue).await;
+    ch.queue_bind(
+        deep_queue.as_str().into(),
+        deep_out.as_str().into(),
+        "".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let config = std::env::temp_dir().join(format!("{}.toml", w.prefix));
+    let text = config_toml(
+        &w.prefix,
+        &w.config.ladder.to_string(),
+        &delay_bridge::ladder::format_duration(w.config.margin),
+        &[
+            (w.ingress.clone(), w.target.clone()),
+            (deep_in.clone(), deep_out.clone()),
+        ],
+        100,
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut bridge = BridgeProcess::spawn(&config);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+
+    publish_raw(
+        &broker_url(),
+        &deep_in,
+        "rk.deep",
+        &deep_headers(300, 18_000),
+        b"deep",
+    )
+    .await;
+    w.publish("rk.after", b"after", with_delay(600)).await;
+    // Generous deadlines: the debug build the tests run takes seconds per pass over such a
+    // table (parsing, copying and encoding it recursively), more on a loaded machine.
+    let after = w.recv_within(30 * SEC).await;
+    assert_eq!(after.body, b"after", "the bridge goes on");
+    let deadline = Instant::now() + 30 * SEC;
+    while w.queue_depth(&deep_queue).await < 1 {
+        assert!(
+            bridge.child.try_wait().unwrap().is_none(),
+            "the bridge died: {:?}",
+            bridge.child.try_wait()
+        );
+        assert!(Instant::now() < deadline, "the deep message did not arrive");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        bridge.child.try_wait().unwrap().is_none(),
+        "the bridge is alive"
+    );
+    assert!(bridge.terminate(20 * SEC).await.success());
+    let _ = ch
+        .queue_delete(deep_queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = std::fs::remove_file(&config);
+    w.cleanup().await;
+}
+
+/// A message whose headers fill the broker's 128 KiB frame (the content header must fit in
+/// one frame) is accepted from the publisher, but the bridge's state headers would push its
+/// next hop past the frame size, which costs the whole connection: it is parked `too-large`
+/// instead, and the bridge goes on without a reconnect.
+#[tokio::test]
+async fn headers_the_bridge_state_would_push_past_the_frame_size_are_parked_too_large() {
+    let mut w = World::start(Setup::new("frame-full")).await;
+    // Content header payload: 14 bytes + table (4 + 17 for x-delay + 9 + pad): 20 bytes
+    // short of the 131 064 a 131 072-byte frame carries.
+    publish_raw(
+        &broker_url(),
+        &w.ingress,
+        "rk.full",
+        &crate::support::raw::padded_headers(2_000, 131_000),
+        b"full",
+    )
+    .await;
+    w.publish("rk.after", b"after", with_delay(300)).await;
+    let parked = w.parked_within(10 * SEC).await;
+    assert_eq!(parked.body, b"full");
+    assert_eq!(
+        parked.header("delay-bridge-reason"),
+        Some(&text("too-large"))
+    );
+    // With the parking headers it would not fit either: parked without the publisher's.
+    assert_eq!(parked.header("pad"), None);
+    let detail = format!("{:?}", parked.header("delay-bridge-detail"));
+    assert!(detail.len() > 20, "a detail: {detail}");
+    let after = w.recv_within(10 * SEC).await;
+    assert_eq!(after.body, b"after");
+    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
+    w.cleanup().await;
+}

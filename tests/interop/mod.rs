@@ -1,0 +1,73 @@
+//! Publishers in other languages work unchanged.
+
+use std::time::Duration;
+
+use lapin::types::AMQPValue;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A python with pika: `DELAY_BRIDGE_PYTHON`, else the one `scripts/python-env.sh` finds or
+/// makes (a venv under the project). `None` when neither works (no python3 or no PyPI).
+fn pika_python() -> Option<String> {
+    if let Ok(python) = std::env::var("DELAY_BRIDGE_PYTHON") {
+        return Some(python);
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/python-env.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !path.is_empty()).then_some(path)
+}
+
+#[tokio::test]
+async fn a_python_pika_publisher_works_unchanged() {
+    let Some(python) = pika_python() else {
+        eprintln!(
+            "SKIPPED a_python_pika_publisher_works_unchanged: no python with pika \
+             (set DELAY_BRIDGE_PYTHON, or let scripts/python-env.sh make .venv)"
+        );
+        return;
+    };
+    let mut w = World::start(Setup {
+        ladder: "200ms 500ms",
+        margin: "30ms",
+        ..Setup::new("pika")
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pika_publisher.py");
+    let started = delay_bridge::clock::now_ms();
+    let out = tokio::process::Command::new(&python)
+        .args([script, &broker_url(), &w.ingress])
+        .output()
+        .await
+        .expect("run the pika publisher");
+    assert!(
+        out.status.success(),
+        "pika publisher failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = w.recv_n(3, 10 * SEC).await;
+    let bodies: Vec<&[u8]> = got.iter().map(|m| m.body.as_slice()).collect();
+    assert_eq!(
+        bodies,
+        vec![&b"int 400"[..], b"str 900", b"int 1500"],
+        "sorted by delay"
+    );
+    for (m, delay) in got.iter().zip([400i32, 900, 1500]) {
+        let late = m.at_ms as i64 - (started as i64 + i64::from(delay));
+        assert!(late < 1_000, "lateness {late} ms");
+        assert_eq!(m.routing_key, "rk.pika");
+        assert_eq!(m.properties.content_type(), &Some("text/plain".into()));
+        assert_eq!(m.properties.delivery_mode(), &Some(2));
+        assert_eq!(m.header("x-delay"), Some(&AMQPValue::LongInt(-delay)));
+        assert_eq!(m.header("tenant"), Some(&text("acme")));
+        assert_eq!(m.header("attempt"), Some(&AMQPValue::LongInt(3)));
+        assert!(m.header("delay-bridge-hops").is_none());
+    }
+    assert_eq!(got[0].properties.message_id(), &Some("py-1".into()));
+    w.cleanup().await;
+}

@@ -1,0 +1,117 @@
+//! Logs leak nothing: no message body or header value at the default level, no password at
+//! any level, trace included.
+
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A broker user of the test's own, removed when dropped.
+struct TestUser {
+    name: String,
+}
+
+impl TestUser {
+    fn create(name: &str, password: &str) -> TestUser {
+        for args in [
+            vec!["add_user", name, password],
+            vec!["set_permissions", "-p", "/", name, ".*", ".*", ".*"],
+        ] {
+            let out = rabbitmqctl()
+                .args(&args)
+                .output()
+                .expect("rabbitmqctl runs");
+            assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+        }
+        TestUser { name: name.into() }
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = rabbitmqctl().args(["delete_user", &self.name]).output();
+    }
+}
+
+#[tokio::test]
+async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
+    let mut w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("logs")
+    })
+    .await;
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let (user, password) = (format!("logs-{tag}"), format!("pw-SECRET-{tag}"));
+    let _user = TestUser::create(&user, &password);
+    let config = write_config(&w, 100);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let url = broker_url();
+    let with_user = url.replacen("guest:guest@", &format!("{user}:{password}@"), 1);
+    assert_ne!(url, with_user, "the test broker URL has guest:guest");
+    std::fs::write(&config, text.replace(&url, &with_user)).unwrap();
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix));
+
+    // Default level: a message parked for a bad x-delay and one parked unroutable.
+    let bridge = BridgeProcess::spawn_logging(&config, None, &log);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    let bad = BasicProperties::default().with_headers(headers(vec![(
+        "x-delay",
+        text_value(&format!("DELAY-SECRET-{tag}")),
+    )]));
+    w.publish("rk.logs", format!("BODY-SECRET-{tag}").as_bytes(), bad)
+        .await;
+    let unroutable = with_delay(100).with_headers(headers(vec![
+        ("x-delay", AMQPValue::LongLongInt(100)),
+        ("app", text_value(&format!("HEADER-SECRET-{tag}"))),
+    ]));
+    w.publish(
+        "nobody.logs",
+        format!("BODY-SECRET-{tag}").as_bytes(),
+        unroutable,
+    )
+    .await;
+    for _ in 0..2 {
+        w.parked_within(10 * SEC).await;
+    }
+    assert!(bridge.terminate(20 * SEC).await.success());
+    let default_log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        default_log.matches("parking message").count(),
+        2,
+        "both parkings are logged:\n{default_log}"
+    );
+    assert!(
+        !default_log.contains("SECRET"),
+        "a secret in the log:\n{default_log}"
+    );
+    assert!(
+        !default_log.contains('\u{1b}'),
+        "colour codes in a log file"
+    );
+
+    // Trace level: the connection handshake and everything after it.
+    let bridge = BridgeProcess::spawn_logging(&config, Some("trace"), &log);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    assert!(bridge.terminate(20 * SEC).await.success());
+    let trace_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        trace_log.lines().count() > 50,
+        "trace logging is on ({} lines)",
+        trace_log.lines().count()
+    );
+    assert!(
+        !trace_log.contains(&password),
+        "the password is in the trace log"
+    );
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&config);
+    w.cleanup().await;
+}
+
+fn text_value(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}

@@ -1,0 +1,150 @@
+//! Publishes the broker refuses for a reason that will not go away are parked with a stable
+//! reason after a bounded number of attempts, while other traffic keeps flowing.
+
+use std::time::Duration;
+
+use lapin::ExchangeKind;
+use lapin::options::{
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A world with one extra route whose target the test sets up; gives the extra ingress.
+async fn world_with_extra_route(
+    test: &str,
+    target_suffix: &str,
+    target_full_timeout: Option<&str>,
+) -> (World, String, String) {
+    let other = format!("{test}-{:08x}", rand::random::<u32>());
+    let ingress = format!("{other}.in");
+    let target = format!("{other}.{target_suffix}");
+    let w = World::start(Setup {
+        extra_routes: vec![(ingress.clone(), target.clone())],
+        target_full_timeout,
+        ..Setup::new(test)
+    })
+    .await;
+    (w, ingress, target)
+}
+
+fn reason(m: &Received) -> Option<&AMQPValue> {
+    m.header("delay-bridge-reason")
+}
+
+/// An `internal` target exchange refuses every publish (403, channel closed): the message
+/// is parked `target-refused`, and a message to a good target published after it arrives
+/// while the refused one is retried, on the same session.
+#[tokio::test]
+async fn a_target_that_refuses_every_publish_parks_the_message_and_traffic_flows_on() {
+    let (mut w, ingress, internal) = world_with_extra_route("refused", "internal", None).await;
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        internal.as_str().into(),
+        ExchangeKind::Topic,
+        ExchangeDeclareOptions {
+            internal: true,
+            ..ExchangeDeclareOptions::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    w.adopt_exchange(&internal);
+    publish_to(
+        &w.publisher,
+        &ingress,
+        "rk.refused",
+        b"refused",
+        with_delay(150),
+    )
+    .await;
+    w.publish("rk.ok", b"ok", with_delay(300)).await;
+    let delivered = w.recv_within(5 * SEC).await;
+    assert_eq!(delivered.body, b"ok");
+    let parked = w.parked_within(15 * SEC).await;
+    assert_eq!(parked.body, b"refused");
+    assert_eq!(reason(&parked), Some(&text("target-refused")));
+    let detail = match parked.header("delay-bridge-detail") {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        other => panic!("no detail: {other:?}"),
+    };
+    assert!(
+        detail.contains("ACCESS_REFUSED") && detail.contains("internal"),
+        "detail names the refusal: {detail}"
+    );
+    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
+    w.assert_quiet(Duration::from_millis(300)).await;
+    w.cleanup().await;
+}
+
+/// A target whose only queue is full with `reject-publish` nacks every publish: the message
+/// is retried with backoff, parked `target-full` once `bridge.target_full_timeout` (1 s
+/// here) has passed, and a message to another target published after it is delivered
+/// meanwhile.
+#[tokio::test]
+async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_flows_on() {
+    let (mut w, ingress, full) = world_with_extra_route("full", "full", Some("1s")).await;
+    let queue = format!("{full}.q");
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        full.as_str().into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    w.adopt_exchange(&full);
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    ch.queue_bind(
+        queue.as_str().into(),
+        full.as_str().into(),
+        "rk.full".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    publish_to(
+        &w.publisher,
+        &full,
+        "rk.full",
+        b"filler",
+        Default::default(),
+    )
+    .await;
+
+    let sent = publish_to(&w.publisher, &ingress, "rk.full", b"full", with_delay(150)).await;
+    w.publish("rk.ok", b"ok", with_delay(400)).await;
+    let delivered = w.recv_within(5 * SEC).await;
+    assert_eq!(
+        delivered.body, b"ok",
+        "traffic flows while the full target is retried"
+    );
+    let parked = w.parked_within(15 * SEC).await;
+    assert_eq!(parked.body, b"full");
+    assert_eq!(reason(&parked), Some(&text("target-full")));
+    let waited = parked.at_ms - sent;
+    assert!(
+        waited >= 1_150,
+        "parked after {waited} ms, before the 1 s limit had passed"
+    );
+    assert!(count(&w.stats().nacks) >= 2, "it was retried");
+    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    w.cleanup().await;
+}
