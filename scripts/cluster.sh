@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# A local three-node RabbitMQ cluster of the installed package (no Docker), on loopback only,
+# beside the broker on 5672. For fault tests: node loss, restarts, quorum queues.
+#
+#   bash scripts/cluster.sh start         # start and cluster the three nodes (idempotent)
+#   bash scripts/cluster.sh status        # which nodes run, and the cluster as node 1 sees it
+#   bash scripts/cluster.sh kill N        # kill -9 node N (1..3): a node lost, no goodbye
+#   bash scripts/cluster.sh restart N     # start node N again; it rejoins the cluster
+#   bash scripts/cluster.sh stop          # stop every node (data is kept for the next start)
+#   bash scripts/cluster.sh ctl N ARGS..  # rabbitmqctl against node N
+#   bash scripts/cluster.sh urls          # the AMQP URL of every node, one a line
+#
+# Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, Erlang distribution 2568N, data, logs,
+# config and its own Erlang cookie under $CLUSTER_DIR/nodeN (default
+# /var/lib/delay-bridge/cluster; the cookie is shared by all three). Every node's
+# advanced.config lowers dead_letter_worker_publisher_confirm_timeout to 2000 ms: without it a
+# quorum level whose dead-letter target moved (a failover) retries only after 180 s.
+# Waits have deadlines (CLUSTER_WAIT_SECONDS, default 90 per node).
+set -euo pipefail
+
+dir=${CLUSTER_DIR:-/var/lib/delay-bridge/cluster}
+wait_s=${CLUSTER_WAIT_SECONDS:-90}
+bin=/usr/lib/rabbitmq/bin
+nodes=(1 2 3)
+
+say() { echo "cluster.sh: $*"; }
+die() { say "$*" >&2; exit 1; }
+
+[ -x "$bin/rabbitmq-server" ] || die "no RabbitMQ installed ($bin/rabbitmq-server); run scripts/broker.sh first"
+
+node_name() { echo "rabbit-c$1@localhost"; }
+amqp_port() { echo $((5680 + $1)); }
+dist_port() { echo $((25680 + $1)); }
+
+# The environment of node N, for the server and for the CLI tools alike.
+node_env() {
+  local n=$1 base="$dir/node$1"
+  echo "HOME=$dir" \
+    "RABBITMQ_NODENAME=$(node_name "$n")" \
+    "RABBITMQ_NODE_IP_ADDRESS=127.0.0.1" \
+    "RABBITMQ_NODE_PORT=$(amqp_port "$n")" \
+    "RABBITMQ_DIST_PORT=$(dist_port "$n")" \
+    "RABBITMQ_MNESIA_BASE=$base/mnesia" \
+    "RABBITMQ_LOG_BASE=$base/log" \
+    "RABBITMQ_PID_FILE=$base/pid" \
+    "RABBITMQ_CONF_ENV_FILE=$base/rabbitmq-env.conf" \
+    "RABBITMQ_CONFIG_FILE=$base/rabbitmq.conf" \
+    "RABBITMQ_ADVANCED_CONFIG_FILE=$base/advanced.config" \
+    "RABBITMQ_ENABLED_PLUGINS_FILE=$base/enabled_plugins" \
+    "ERL_EPMD_ADDRESS=127.0.0.1" \
+    "ERL_CRASH_DUMP=$base/erl_crash.dump"
+}
+
+ctl() {
+  local n=$1
+  shift
+  # shellcheck disable=SC2046
+  env $(node_env "$n") "$bin/rabbitmqctl" -n "$(node_name "$n")" "$@"
+}
+
+running() { ctl "$1" -q status >/dev/null 2>&1; }
+
+prepare() {
+  local n=$1 base="$dir/node$1"
+  mkdir -p "$base/mnesia" "$base/log"
+  if [ ! -f "$dir/.erlang.cookie" ]; then
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/.erlang.cookie"
+    chmod 400 "$dir/.erlang.cookie"
+  fi
+  : > "$base/rabbitmq-env.conf"
+  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n' "$(amqp_port "$n")" > "$base/rabbitmq.conf"
+  echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 2000}]}].' > "$base/advanced.config"
+  echo '[].' > "$base/enabled_plugins"
+}
+
+# Starts node N's server in the background (nothing when it runs); see await_node.
+launch_node() {
+  local n=$1
+  if running "$n"; then
+    say "node $n ($(node_name "$n"), AMQP $(amqp_port "$n")) already runs"
+    return
+  fi
+  prepare "$n"
+  # shellcheck disable=SC2046
+  env $(node_env "$n") "$bin/rabbitmq-server" -detached
+}
+
+# Waits until node N has booted. Nodes of a stopped cluster wait for each other at boot
+# (each for the last one to stop), so all are launched before any is awaited.
+await_node() {
+  local n=$1 from=$SECONDS
+  # Until the node has registered, the CLI cannot even reach it: retry within the deadline.
+  until ctl "$n" -q await_startup --timeout 5 >/dev/null 2>&1; do
+    if (( SECONDS - from >= wait_s )); then
+      tail -n 30 "$dir/node$n/log/"*.log 2>/dev/null || true
+      die "node $n did not start within ${wait_s}s (logs: $dir/node$n/log)"
+    fi
+    sleep 1
+  done
+  say "node $n ($(node_name "$n")) up on 127.0.0.1:$(amqp_port "$n")"
+}
+
+# Joins node N to node 1's cluster unless it is in it already.
+join() {
+  local n=$1 first
+  first=$(node_name 1)
+  if ctl "$n" -q cluster_status 2>/dev/null | grep -q "$first"; then
+    return
+  fi
+  ctl "$n" -q stop_app >/dev/null
+  ctl "$n" -q join_cluster "$first" >/dev/null
+  ctl "$n" -q start_app >/dev/null
+  ctl "$n" -q await_startup --timeout "$wait_s" >/dev/null
+  say "node $n joined $first"
+}
+
+case "${1:-}" in
+  start)
+    started=$SECONDS
+    mkdir -p "$dir"
+    for n in "${nodes[@]}"; do launch_node "$n"; done
+    for n in "${nodes[@]}"; do await_node "$n"; done
+    for n in 2 3; do join "$n"; done
+    say "cluster of 3 up in $((SECONDS - started)) s: $(for n in "${nodes[@]}"; do printf 'amqp://guest:guest@127.0.0.1:%s/%%2f ' "$(amqp_port "$n")"; done)"
+    ;;
+  stop)
+    for n in "${nodes[@]}"; do
+      if running "$n"; then
+        ctl "$n" -q stop >/dev/null 2>&1 || true
+        say "node $n stopped"
+      else
+        say "node $n not running"
+      fi
+    done
+    ;;
+  status)
+    for n in "${nodes[@]}"; do
+      if running "$n"; then state=running; else state=down; fi
+      say "node $n $(node_name "$n") AMQP 127.0.0.1:$(amqp_port "$n"): $state"
+    done
+    for n in "${nodes[@]}"; do
+      if running "$n"; then
+        say "running in the cluster, as node $n sees it: $(ctl "$n" -q eval 'rabbit_nodes:all_running().' 2>/dev/null | tr -d '\n ')"
+        break
+      fi
+    done
+    ;;
+  kill)
+    n=${2:?usage: cluster.sh kill N}
+    pidfile="$dir/node$n/pid"
+    [ -s "$pidfile" ] || die "node $n has no pid file ($pidfile): not started by this script?"
+    pid=$(cat "$pidfile")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -9 "$pid"
+      say "node $n (pid $pid) killed with SIGKILL"
+    else
+      say "node $n (pid $pid) was not running"
+    fi
+    ;;
+  restart)
+    n=${2:?usage: cluster.sh restart N}
+    started=$SECONDS
+    launch_node "$n"
+    await_node "$n"
+    say "node $n back in $((SECONDS - started)) s"
+    ;;
+  ctl)
+    n=${2:?usage: cluster.sh ctl N ARGS..}
+    shift 2
+    ctl "$n" "$@"
+    ;;
+  urls)
+    for n in "${nodes[@]}"; do echo "amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/%2f"; done
+    ;;
+  *)
+    sed -n '2,22p' "$0"
+    exit 2
+    ;;
+esac
