@@ -133,6 +133,10 @@ pub struct RawBridge {
     pub confirm_timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_full_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redelivery_limit: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_unacked_bytes: Option<u64>,
 }
 
 /// `[cancel]`
@@ -285,6 +289,13 @@ pub struct Config {
     pub confirm_timeout: Duration,
     /// How long a target may refuse (nack) a message before it is parked `target-full`.
     pub target_full_timeout: Duration,
+    /// A work-queue delivery redelivered this many times without being settled is parked
+    /// `redelivery-limit` (counted by quorum queues, and by the bridge process itself).
+    pub redelivery_limit: u32,
+    /// The most body bytes of unacknowledged deliveries the bridge holds: past it, it
+    /// stops consuming until half of that is settled (besides `prefetch`, which counts
+    /// messages).
+    pub max_unacked_bytes: u64,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).
     pub cancel_grace: Duration,
@@ -316,6 +327,13 @@ pub mod defaults {
     pub const CONFIRM_TIMEOUT: &str = "30s";
     /// `bridge.target_full_timeout`
     pub const TARGET_FULL_TIMEOUT: &str = "5m";
+    /// `bridge.redelivery_limit`
+    pub const REDELIVERY_LIMIT: u32 = 40;
+    /// `bridge.redelivery_limit` must stay below the quorum work queue's own
+    /// `x-delivery-limit` (50), which dead-letters without a reason.
+    pub const MAX_REDELIVERY_LIMIT: u32 = 49;
+    /// `bridge.max_unacked_bytes` (256 MiB)
+    pub const MAX_UNACKED_BYTES: u64 = 256 << 20;
     /// `cancel.grace`
     pub const CANCEL_GRACE: &str = "1d";
 }
@@ -511,6 +529,31 @@ impl RawConfig {
             &self.bridge.target_full_timeout,
             defaults::TARGET_FULL_TIMEOUT,
         )?;
+        let redelivery_limit = self
+            .bridge
+            .redelivery_limit
+            .unwrap_or(defaults::REDELIVERY_LIMIT);
+        if !(1..=defaults::MAX_REDELIVERY_LIMIT).contains(&redelivery_limit) {
+            return Err(invalid(
+                "bridge.redelivery_limit",
+                redelivery_limit,
+                format!(
+                    "must be between 1 and {} (below the quorum work queue's own delivery limit)",
+                    defaults::MAX_REDELIVERY_LIMIT
+                ),
+            ));
+        }
+        let max_unacked_bytes = self
+            .bridge
+            .max_unacked_bytes
+            .unwrap_or(defaults::MAX_UNACKED_BYTES);
+        if max_unacked_bytes == 0 {
+            return Err(invalid(
+                "bridge.max_unacked_bytes",
+                0,
+                "must be at least 1 (one delivery is always taken, whatever its size)",
+            ));
+        }
         let cancel_grace =
             duration_key("cancel.grace", &self.cancel.grace, defaults::CANCEL_GRACE)?;
         let names = Names::new(prefix);
@@ -568,6 +611,8 @@ impl RawConfig {
             shutdown_timeout,
             confirm_timeout,
             target_full_timeout,
+            redelivery_limit,
+            max_unacked_bytes,
             cancel_grace,
             routes,
         })
@@ -610,6 +655,8 @@ impl Config {
                 shutdown_timeout: duration(self.shutdown_timeout),
                 confirm_timeout: duration(self.confirm_timeout),
                 target_full_timeout: duration(self.target_full_timeout),
+                redelivery_limit: Some(self.redelivery_limit),
+                max_unacked_bytes: Some(self.max_unacked_bytes),
             },
             cancel: RawCancel {
                 grace: duration(self.cancel_grace),
@@ -652,6 +699,7 @@ mod tests {
              [delays]\nladder = \"1s 5s 1m30s\"\nmargin = \"120ms\"\nmax_delay = \"30d\"\n\
              [bridge]\nprefetch = 100\nworker_threads = 2\nshutdown_timeout = \"3s\"\n\
              confirm_timeout = \"7s\"\ntarget_full_timeout = \"90s\"\n\
+             redelivery_limit = 7\nmax_unacked_bytes = 1048576\n\
              [cancel]\ngrace = \"2h\"\n{MINIMAL}\
              [[route]]\ningress = \"b.in\"\ntarget = \"b\"\n"
         );
@@ -812,6 +860,16 @@ mod tests {
             ("[broker]\nurl = \"http://x\"\n", "broker.url", "http://x"),
             ("[delays]\nladder = \"1s 1s\"\n", "delays.ladder", "1s"),
             ("[cancel]\ngrace = \"a while\"\n", "cancel.grace", "a while"),
+            (
+                "[bridge]\nredelivery_limit = 50\n",
+                "bridge.redelivery_limit",
+                "50",
+            ),
+            (
+                "[bridge]\nmax_unacked_bytes = 0\n",
+                "bridge.max_unacked_bytes",
+                "0",
+            ),
         ];
         for (extra, key, value) in cases {
             let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();

@@ -12,12 +12,9 @@ use thiserror::Error;
 use crate::config::{Config, QueueType};
 
 /// RabbitMQ's default delivery limit for quorum queues on 4.x is 20; the work queue sets its
-/// own and dead-letters past it into the parked exchange.
+/// own and dead-letters past it into the parked exchange. The bridge parks a delivery with a
+/// reason before that (`bridge.redelivery_limit`, at most one below this).
 pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 50;
-
-/// The bridge parks a work-queue delivery redelivered this many times (`redelivery-limit`,
-/// with a reason), before the broker's own limit dead-letters it without one.
-pub const PARK_AFTER_REDELIVERIES: i64 = 40;
 
 /// Classic queues are declared as version 2 (the only version from 4.0; opt-in on 3.10 and
 /// 3.11). Measured on 3.10.8 (`delay-bridge bench steady`): with v1 the broker needed ~10%

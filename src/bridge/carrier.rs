@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::Publisher;
+use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::verdict::{Verdict, verdict};
 use crate::clock::{now_ms, until_epoch_ms};
@@ -22,7 +23,6 @@ use crate::contract::{
     hop_properties, parked_properties,
 };
 use crate::plan::{Step, next_step};
-use crate::topology::PARK_AFTER_REDELIVERIES;
 
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
@@ -148,9 +148,24 @@ impl Carrier {
     pub(super) fn start(&self, delivery: Delivery) {
         let carrier = self.clone();
         let tag = delivery.delivery_tag;
+        let redelivered = delivery.redelivered.then(|| {
+            Fingerprint::of(
+                delivery.exchange.as_str(),
+                delivery.routing_key.as_str(),
+                &delivery.properties,
+                &delivery.data,
+            )
+        });
+        let redeliveries = redelivered.map(|fingerprint| {
+            self.shared
+                .redeliveries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .redelivered(fingerprint)
+        });
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
-        let prepared = carrier.prepare(delivery);
+        let prepared = carrier.prepare(delivery, redeliveries.unwrap_or(0));
         tokio::spawn(async move {
             let outcome = match &prepared {
                 Ok(decoded) => carrier.carry(decoded).await,
@@ -165,6 +180,14 @@ impl Carrier {
                     .await
                 }
             };
+            if let (Outcome::Done, Some(fingerprint)) = (&outcome, redelivered) {
+                carrier
+                    .shared
+                    .redeliveries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .settled(fingerprint);
+            }
             let event = match outcome {
                 Outcome::Done => Event::Done(tag),
                 Outcome::Release => Event::Release(tag),
@@ -183,7 +206,8 @@ impl Carrier {
     /// Decodes a delivery. Past this point only its tag, body and envelope are kept: the
     /// consumed properties (with their x-death history), names and acker are dropped, so
     /// that the thousands of deliveries held for their last moments stay small.
-    fn prepare(&self, delivery: Delivery) -> Result<Decoded, Box<Undecodable>> {
+    /// `redeliveries` is how often this process has seen it redelivered (0 when it was not).
+    fn prepare(&self, delivery: Delivery, redeliveries: u32) -> Result<Decoded, Box<Undecodable>> {
         let read_at = now_ms();
         let Delivery {
             delivery_tag,
@@ -193,7 +217,7 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        match self.read(&exchange, &routing_key, &properties) {
+        match self.read(&exchange, &routing_key, &properties, redeliveries) {
             Ok(envelope) => Ok(Decoded {
                 tag: delivery_tag,
                 body: data,
@@ -248,11 +272,21 @@ impl Carrier {
         exchange: &ShortString,
         routing_key: &ShortString,
         properties: &lapin::BasicProperties,
+        redeliveries: u32,
     ) -> Result<Envelope, Parked> {
-        if let Some(parked) = contract::redelivered_too_often(properties, PARK_AFTER_REDELIVERIES) {
+        let config = &self.shared.config;
+        let limit = config.redelivery_limit;
+        if let Some(parked) = contract::redelivered_too_often(properties, i64::from(limit)) {
             return Err(parked);
         }
-        let config = &self.shared.config;
+        if redeliveries >= limit {
+            return Err(Parked::new(
+                ParkReason::RedeliveryLimit,
+                format!(
+                    "redelivered {redeliveries} times to this bridge without being settled; parked so it cannot stall the bridge"
+                ),
+            ));
+        }
         let intake = Intake {
             work_exchange: &self.shared.work_exchange,
             routes: &config.routes,

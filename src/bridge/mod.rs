@@ -2,8 +2,10 @@
 //! reconnect with backoff when the broker goes away. Runs until its shutdown token fires.
 
 pub(crate) mod acks;
+mod budget;
 mod cancels;
 mod carrier;
+mod redeliveries;
 mod session;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +100,11 @@ pub struct Stats {
     pub cancelled: AtomicU64,
     /// Live tombstones in memory now.
     pub tombstones: AtomicU64,
+    /// Times the consumer was paused because unacked bodies went over
+    /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
+    pub pauses: AtomicU64,
+    /// The most body bytes of unacked deliveries held at once so far.
+    pub max_unacked_bytes_seen: AtomicU64,
 }
 
 impl Stats {
@@ -119,6 +126,9 @@ struct Shared {
     tombstones: Mutex<TombstoneSet>,
     /// Where the cancel-stream follower resumes after a reconnect (`None`: from the start).
     stream_next_offset: Mutex<Option<u64>>,
+    /// How often this process saw each unsettled message redelivered (classic queues keep
+    /// no count).
+    redeliveries: Mutex<redeliveries::RedeliveryCounts>,
 }
 
 /// A bridge, ready to run.
@@ -146,6 +156,7 @@ impl Bridge {
                 stats: Arc::new(Stats::default()),
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
+                redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),
             }),
             ready_tx: watch::channel(false).0,
         }

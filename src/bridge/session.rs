@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckOp, AckTracker};
+use super::budget::{ByteBudget, Retune};
 use super::carrier::{Carrier, Event};
 use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels};
 use crate::amqp::publisher::Publisher;
@@ -35,8 +36,9 @@ pub(super) async fn run(
         .create_channel()
         .await
         .map_err(BridgeError::broker("opening the consumer channel"))?;
+    let budget = ByteBudget::new(config.max_unacked_bytes, config.prefetch);
     consume
-        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .basic_qos(budget.window(), BasicQosOptions::default())
         .await
         .map_err(BridgeError::broker("setting prefetch"))?;
     let publish = Publisher::open(&connection, config.confirm_timeout)
@@ -45,7 +47,7 @@ pub(super) async fn run(
     let stop = CancellationToken::new();
     let _stop_carriers_on_exit = stop.clone().drop_guard();
     let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
-    let consumer_tag = format!("delay-bridge-{}", std::process::id());
+    let consumer_tag = consumer_tag(0);
     let consumer = consume_work_queue(&consume, &shared, &consumer_tag).await?;
     ready.send_replace(true);
     tracing::info!(queue = %config.names.work_queue(), prefetch = config.prefetch, "consuming");
@@ -62,8 +64,12 @@ pub(super) async fn run(
         shared: shared.clone(),
         connection: connection.clone(),
         consume,
-        consumer,
+        consumer: Some(consumer),
         consumer_tag,
+        consumers_started: 1,
+        replacing: false,
+        body_bytes: std::collections::HashMap::new(),
+        budget,
         carrier,
         events,
         tracker: AckTracker::new(),
@@ -88,6 +94,12 @@ pub(super) async fn run(
     result
 }
 
+/// This process's `n`th consumer tag on a channel (a paused consumer is cancelled, and its
+/// successor needs a tag of its own).
+fn consumer_tag(n: u64) -> String {
+    format!("delay-bridge-{}-{n}", std::process::id())
+}
+
 async fn consume_work_queue(
     consume: &Channel,
     shared: &Shared,
@@ -110,8 +122,18 @@ struct Session {
     connection: Arc<Connection>,
     /// The channel the work queue is consumed and acked on.
     consume: Channel,
-    consumer: Consumer,
+    /// The work-queue consumer; `None` once a paused one has handed over its last delivery.
+    consumer: Option<Consumer>,
     consumer_tag: String,
+    /// Consumers started on `consume` (each needs its own tag).
+    consumers_started: u64,
+    /// True from the moment the consumer is cancelled to change its prefetch window until
+    /// its successor starts.
+    replacing: bool,
+    /// Body size of every delivery not yet settled, by delivery tag.
+    body_bytes: std::collections::HashMap<u64, u64>,
+    /// Their sum, and the prefetch window that keeps it within `bridge.max_unacked_bytes`.
+    budget: ByteBudget,
     carrier: Carrier,
     /// What carriers report.
     events: mpsc::UnboundedReceiver<Event>,
@@ -131,6 +153,9 @@ impl Session {
         let config = self.shared.config.clone();
         let mut drain_deadline = None;
         let mut report = tokio::time::interval(Duration::from_secs(10));
+        // A consumer that could not be replaced at once (the broker blocked the connection,
+        // or too many bytes were held) is tried again on this tick too.
+        let mut retry_resume = tokio::time::interval(Duration::from_millis(500));
         loop {
             if !self.consuming && self.tracker.outstanding() == 0 {
                 return Ok(());
@@ -138,13 +163,28 @@ impl Session {
             tokio::select! {
                 biased;
                 Some(event) = self.events.recv() => self.settle(event).await?,
-                next = self.consumer.next(), if self.consuming => match next {
+                next = next_delivery(&mut self.consumer), if self.consuming && self.consumer.is_some() => match next {
                     Some(Ok(delivery)) => {
                         self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
                         self.tracker.delivered(delivery.delivery_tag);
+                        let bytes = delivery.data.len() as u64;
+                        self.body_bytes.insert(delivery.delivery_tag, bytes);
+                        let retune = self.budget.taken(bytes);
+                        self.shared
+                            .stats
+                            .max_unacked_bytes_seen
+                            .fetch_max(self.budget.unacked(), Ordering::Relaxed);
                         self.carrier.start(delivery);
+                        if let Some(retune) = retune {
+                            self.replace_consumer(retune);
+                        }
                     }
                     Some(Err(e)) => return Err(BridgeError::broker("consuming")(e)),
+                    // A consumer this session cancelled has handed over its last delivery.
+                    None if self.replacing => {
+                        self.consumer = None;
+                        self.resume().await?;
+                    }
                     None => {
                         return Err(BridgeError::ConsumerEnded(
                             "the broker cancelled the consumer".into(),
@@ -174,6 +214,9 @@ impl Session {
                     );
                     return Ok(());
                 }
+                _ = retry_resume.tick(), if self.replacing && self.consumer.is_none() => {
+                    self.resume().await?;
+                }
                 _ = report.tick() => {
                     let held = self.tracker.held_count();
                     if held > 0 {
@@ -187,12 +230,14 @@ impl Session {
     /// Folds `first` and every event that finished meanwhile into one batch of acks: one
     /// `multiple` ack instead of one ack (and one wait for the client's writer) per message.
     async fn settle(&mut self, first: Event) -> Result<(), BridgeError> {
-        let stats = &self.shared.stats;
+        let shared = self.shared.clone();
+        let stats = &shared.stats;
         let mut ops = Vec::new();
         let mut failure = None;
         let mut next = Some(first);
         let mut batched = 0;
         while let Some(event) = next {
+            self.forget_bytes(&event);
             match event {
                 Event::Held(tag) => self.tracker.held(tag),
                 Event::Done(tag) => ops.extend(self.tracker.done(tag)),
@@ -219,8 +264,72 @@ impl Session {
         apply(&self.consume, AckTracker::compact(ops)).await?;
         match failure {
             Some(error) => Err(error),
-            None => Ok(()),
+            None => self.resume().await,
         }
+    }
+
+    /// A settled delivery's body no longer counts against the byte budget.
+    fn forget_bytes(&mut self, event: &Event) {
+        let tag = match event {
+            Event::Held(_) => return,
+            Event::Done(tag) | Event::Release(tag) | Event::Failed(tag, _) => *tag,
+        };
+        if let Some(bytes) = self.body_bytes.remove(&tag) {
+            self.budget.settled(bytes);
+        }
+    }
+
+    /// Cancels the consumer so that another one can start with the budget's new window.
+    /// Deliveries the broker sent before the cancel still arrive and are carried; then the
+    /// stream ends. The cancel runs apart from this loop: a broker that blocks the
+    /// connection reads nothing, and the loop must still settle and shut down.
+    fn replace_consumer(&mut self, retune: Retune) {
+        tracing::debug!(
+            ?retune,
+            unacked_bytes = self.budget.unacked(),
+            "changing the consumer's prefetch window for bridge.max_unacked_bytes"
+        );
+        if matches!(retune, Retune::Pause(_)) {
+            self.shared.stats.pauses.fetch_add(1, Ordering::Relaxed);
+        }
+        self.replacing = true;
+        let channel = self.consume.clone();
+        let tag = self.consumer_tag.clone();
+        tokio::spawn(async move {
+            if let Err(e) = channel
+                .basic_cancel(tag.as_str().into(), Default::default())
+                .await
+            {
+                // The channel is gone: the session learns it from the consumer.
+                tracing::debug!(error = %e, "cancelling the consumer");
+            }
+        });
+    }
+
+    /// Starts the replacement consumer with the budget's window, once the old one handed
+    /// over its last delivery, enough of the budget is free and the broker reads again.
+    async fn resume(&mut self) -> Result<(), BridgeError> {
+        if !self.replacing
+            || self.consumer.is_some()
+            || !self.consuming
+            || !self.budget.may_resume()
+            || self.connection.status().blocked()
+        {
+            return Ok(());
+        }
+        let window = self.budget.window();
+        self.consume
+            .basic_qos(window, BasicQosOptions::default())
+            .await
+            .map_err(BridgeError::broker("setting prefetch"))?;
+        self.consumer_tag = consumer_tag(self.consumers_started);
+        self.consumers_started += 1;
+        self.consumer =
+            Some(consume_work_queue(&self.consume, &self.shared, &self.consumer_tag).await?);
+        self.replacing = false;
+        self.budget.resumed();
+        tracing::debug!(window, unacked_bytes = self.budget.unacked(), "consuming");
+        Ok(())
     }
 
     /// Shutdown: no new deliveries; held messages and backoffs give theirs back.
@@ -230,8 +339,9 @@ impl Session {
             outstanding = self.tracker.outstanding(),
             "stopping: no new deliveries; releasing held messages, waiting for in-flight confirms"
         );
-        // A broker under a resource alarm reads nothing, not even a cancel.
-        if !self.connection.status().blocked() {
+        // A broker under a resource alarm reads nothing, not even a cancel. A consumer
+        // being replaced was cancelled already.
+        if !self.replacing && !self.connection.status().blocked() {
             let _ = tokio::time::timeout(
                 CLOSE_TIMEOUT,
                 self.consume
@@ -240,6 +350,16 @@ impl Session {
             .await;
         }
         self.stop.cancel();
+    }
+}
+
+/// The consumer's next delivery (pending while there is none).
+async fn next_delivery(
+    consumer: &mut Option<Consumer>,
+) -> Option<Result<lapin::message::Delivery, lapin::Error>> {
+    match consumer {
+        Some(consumer) => consumer.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -132,3 +132,49 @@ async fn headers_the_bridge_state_would_push_past_the_frame_size_are_parked_too_
     assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
     w.cleanup().await;
 }
+
+/// Large bodies due at one instant would all be held unacked for their last moments: 24
+/// bodies of 256 KiB are 6 MiB. With `bridge.max_unacked_bytes` at 1 MiB the bridge narrows
+/// its prefetch window to the four such bodies that fit, so it never holds more than that,
+/// and every message still arrives once. (Before the byte budget, all 24 were held at once.)
+#[tokio::test]
+async fn large_bodies_are_held_within_the_byte_budget() {
+    const BUDGET: u64 = 1 << 20;
+    const BODY: usize = 256 << 10;
+    const N: usize = 24;
+    let mut w = World::start(Setup {
+        max_unacked_bytes: Some(BUDGET),
+        ..Setup::new("budget")
+    })
+    .await;
+    // One body first: the bridge learns what bodies look like.
+    w.publish("rk.warm", &vec![b'w'; BODY], with_delay(0)).await;
+    w.recv_within(10 * SEC).await;
+    let due = delay_bridge::clock::now_ms() + 1_500;
+    for i in 0..N {
+        let props = lapin::BasicProperties::default()
+            .with_message_id(format!("big-{i}").into())
+            .with_headers(headers(vec![(
+                "x-deliver-at",
+                lapin::types::AMQPValue::LongLongInt(due as i64),
+            )]));
+        w.publish("rk.big", &vec![b'b'; BODY], props).await;
+    }
+    let got = w.recv_n(N, 30 * SEC).await;
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|m| m.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), N, "every message once");
+    assert!(got.iter().all(|m| m.body.len() == BODY));
+    let most = count(&w.stats().max_unacked_bytes_seen);
+    println!("budget: at most {most} body bytes unacked (budget {BUDGET})");
+    assert!(
+        most <= BUDGET,
+        "held {most} bytes of bodies unacked, over the budget of {BUDGET}"
+    );
+    w.assert_quiet(Duration::from_millis(300)).await;
+    w.cleanup().await;
+}

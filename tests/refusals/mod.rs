@@ -148,3 +148,36 @@ async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_f
         .await;
     w.cleanup().await;
 }
+
+/// A classic work queue marks a redelivery but counts none, so a message whose handling
+/// costs the bridge its session would come back for ever. The bridge counts redeliveries
+/// itself: a message held while its connection is closed twice reaches
+/// `bridge.redelivery_limit` (2 here) and is parked `redelivery-limit` instead of being
+/// delivered. (Before, it was delivered after any number of redeliveries.)
+#[tokio::test]
+async fn a_classic_message_redelivered_past_the_limit_is_parked() {
+    let mut w = World::start(Setup {
+        // Holds last up to the smallest level plus the margin: the message waits in the
+        // bridge for its whole delay.
+        margin: "8s",
+        redelivery_limit: Some(2),
+        ..Setup::new("redeliver")
+    })
+    .await;
+    let stats = w.stats();
+    w.publish("rk.held", b"held", with_delay(7_000)).await;
+    for seen in 1..=2u64 {
+        wait_until("the message is held", 10 * SEC, || {
+            count(&stats.consumed) >= seen && count(&stats.held) >= 1
+        })
+        .await;
+        let closed = close_connections_named(&format!("delay-bridge {}", w.prefix));
+        assert_eq!(closed, 1, "the bridge's connection was found and closed");
+    }
+    let parked = w.parked_within(20 * SEC).await;
+    assert_eq!(parked.body, b"held");
+    assert_eq!(reason(&parked), Some(&text("redelivery-limit")));
+    w.assert_quiet(Duration::from_millis(300)).await;
+    assert_eq!(count(&stats.delivered), 0);
+    w.cleanup().await;
+}

@@ -104,6 +104,10 @@ pub struct Setup<'a> {
     pub cancel_grace: &'a str,
     /// `bridge.target_full_timeout`, when not the default.
     pub target_full_timeout: Option<&'a str>,
+    /// `bridge.redelivery_limit`, when not the default.
+    pub redelivery_limit: Option<u32>,
+    /// `bridge.max_unacked_bytes`, when not the default.
+    pub max_unacked_bytes: Option<u64>,
 }
 
 impl<'a> Setup<'a> {
@@ -119,6 +123,8 @@ impl<'a> Setup<'a> {
             max_delay: "366d",
             cancel_grace: "1d",
             target_full_timeout: None,
+            redelivery_limit: None,
+            max_unacked_bytes: None,
         }
     }
 }
@@ -186,6 +192,8 @@ impl World {
         raw.delays.max_delay = Some(setup.max_delay.into());
         raw.cancel.grace = Some(setup.cancel_grace.into());
         raw.bridge.target_full_timeout = setup.target_full_timeout.map(Into::into);
+        raw.bridge.redelivery_limit = setup.redelivery_limit;
+        raw.bridge.max_unacked_bytes = setup.max_unacked_bytes;
         let config = raw.validate().expect("test config is valid");
         let conn = Arc::new(connect().await);
         let setup_channel = conn.create_channel().await.unwrap();

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use delay_bridge::client::{ClientError, Message, When};
-use delay_bridge::topology::PARK_AFTER_REDELIVERIES;
 use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
@@ -127,7 +126,7 @@ async fn a_message_redelivered_too_often_is_parked_with_a_reason() {
         )
         .await
         .unwrap();
-    for _ in 0..PARK_AFTER_REDELIVERIES {
+    for _ in 0..w.config.redelivery_limit {
         let d = tokio::time::timeout(5 * SEC, consumer.next())
             .await
             .expect("redelivered")

@@ -1,0 +1,207 @@
+//! The byte budget for unacknowledged deliveries, as pure bookkeeping: how many body bytes
+//! the bridge holds, and how wide the consumer's prefetch window may be so that the broker
+//! cannot push more than `bridge.max_unacked_bytes` of bodies at it.
+//!
+//! `prefetch` counts messages; the broker sends up to that many before the bridge sees one,
+//! so bytes can only be bounded by narrowing that window. A consumer's window is fixed when
+//! it starts (RabbitMQ applies `basic.qos` to consumers started after it), so changing it
+//! means cancelling the consumer and starting another one: the session does that when
+//! [`ByteBudget::taken`] says so.
+//!
+//! - The window is as many of the largest body seen lately as fit in the budget, between 1
+//!   and `prefetch`. A session starts with a small one ([`START_WINDOW`]), before any body
+//!   size is known.
+//! - A body that makes the window too wide narrows it at once; a window's worth of bodies
+//!   that would fit twice as many widens it.
+//! - Over the budget, the consumer pauses, and consumes again with the narrowed window once
+//!   half the budget is free.
+//!
+//! What this cannot bound: the deliveries the broker sent before the bridge saw a larger
+//! body than before (at most one window of them).
+
+/// The window a session starts with, before any body size is known.
+pub(crate) const START_WINDOW: u16 = 64;
+
+/// What the session should do after taking a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retune {
+    /// Cancel the consumer; consume again with this window once [`ByteBudget::may_resume`].
+    Pause(u16),
+    /// Cancel the consumer and consume again at once with this window.
+    Resize(u16),
+}
+
+/// Unacked body bytes and the consumer window that keeps them within the budget.
+#[derive(Debug)]
+pub(crate) struct ByteBudget {
+    budget: u64,
+    prefetch: u16,
+    /// The window of the running consumer, or of the next one while a retune is under way.
+    window: u16,
+    /// True while a consumer is being replaced.
+    retuning: bool,
+    /// The largest body taken since the window was last set.
+    largest: u64,
+    /// Deliveries taken since the window was last set.
+    taken_in_window: u64,
+    unacked: u64,
+}
+
+impl ByteBudget {
+    /// A budget of `budget` bytes for a consumer whose widest window is `prefetch`.
+    pub(crate) fn new(budget: u64, prefetch: u16) -> Self {
+        Self {
+            budget: budget.max(1),
+            prefetch,
+            window: START_WINDOW.min(prefetch),
+            retuning: false,
+            largest: 0,
+            taken_in_window: 0,
+            unacked: 0,
+        }
+    }
+
+    /// The window the next consumer starts with.
+    pub(crate) fn window(&self) -> u16 {
+        self.window
+    }
+
+    /// Body bytes held now.
+    pub(crate) fn unacked(&self) -> u64 {
+        self.unacked
+    }
+
+    /// A delivery of `bytes` was taken: whether the consumer's window must change.
+    pub(crate) fn taken(&mut self, bytes: u64) -> Option<Retune> {
+        self.unacked += bytes;
+        self.largest = self.largest.max(bytes);
+        self.taken_in_window += 1;
+        if self.retuning {
+            return None;
+        }
+        let fits = self.fitting_window();
+        if self.unacked > self.budget {
+            return Some(self.retune(Retune::Pause(fits.min(self.window))));
+        }
+        if fits < self.window {
+            return Some(self.retune(Retune::Resize(fits)));
+        }
+        // Widen once a window's worth showed the bodies, and only by a clear margin.
+        let seen_enough = self.taken_in_window >= u64::from(self.window);
+        let clearly_wider = fits >= self.window.saturating_mul(2).min(self.prefetch);
+        if seen_enough && clearly_wider && fits > self.window {
+            return Some(self.retune(Retune::Resize(fits)));
+        }
+        None
+    }
+
+    /// A delivery of `bytes` was settled (acked or given back).
+    pub(crate) fn settled(&mut self, bytes: u64) {
+        self.unacked = self.unacked.saturating_sub(bytes);
+    }
+
+    /// True when a paused consumer may be replaced: half the budget is free.
+    pub(crate) fn may_resume(&self) -> bool {
+        self.unacked <= self.budget / 2
+    }
+
+    /// The new consumer started with [`ByteBudget::window`].
+    pub(crate) fn resumed(&mut self) {
+        self.retuning = false;
+    }
+
+    /// As many of the largest body seen as fit in the budget, between 1 and `prefetch`.
+    fn fitting_window(&self) -> u16 {
+        let fit = self.budget / self.largest.max(1);
+        u16::try_from(fit)
+            .unwrap_or(u16::MAX)
+            .clamp(1, self.prefetch)
+    }
+
+    fn retune(&mut self, retune: Retune) -> Retune {
+        let (Retune::Pause(window) | Retune::Resize(window)) = retune;
+        self.window = window;
+        self.retuning = true;
+        self.largest = 0;
+        self.taken_in_window = 0;
+        retune
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const KIB: u64 = 1024;
+
+    #[test]
+    fn small_bodies_widen_the_window_to_prefetch() {
+        let mut b = ByteBudget::new(256 << 20, 4000);
+        assert_eq!(b.window(), START_WINDOW);
+        let mut retunes = Vec::new();
+        for _ in 0..(4 * u64::from(START_WINDOW)) {
+            if let Some(r) = b.taken(100) {
+                retunes.push(r);
+            }
+            b.settled(100);
+        }
+        assert_eq!(retunes, vec![Retune::Resize(4000)]);
+        b.resumed();
+        assert_eq!(b.window(), 4000);
+    }
+
+    #[test]
+    fn a_body_too_large_for_the_window_narrows_it_and_over_the_budget_pauses() {
+        let mut b = ByteBudget::new(1024 * KIB, 4000);
+        assert_eq!(b.taken(256 * KIB), Some(Retune::Resize(4)));
+        assert!(b.may_resume());
+        b.resumed();
+        assert_eq!(b.window(), 4);
+        // four fit; a fifth taken before the new window took effect is over the budget
+        for _ in 0..3 {
+            assert_eq!(b.taken(256 * KIB), None);
+        }
+        assert_eq!(b.taken(256 * KIB), Some(Retune::Pause(4)));
+        assert!(!b.may_resume());
+        for _ in 0..3 {
+            b.settled(256 * KIB);
+        }
+        assert!(b.may_resume(), "two bodies of 256 KiB are half the budget");
+    }
+
+    #[test]
+    fn a_body_larger_than_the_budget_gets_a_window_of_one() {
+        let mut b = ByteBudget::new(1024 * KIB, 4000);
+        assert_eq!(b.taken(5000 * KIB), Some(Retune::Pause(1)));
+    }
+
+    proptest! {
+        /// Whatever the sizes: a window set from the bodies seen since the last one holds that
+        /// many of the largest of them within the budget (or is 1).
+        #[test]
+        fn a_narrowed_window_of_the_largest_body_fits_the_budget(
+            budget in 1u64..(64 << 20),
+            prefetch in 1u16..5000,
+            sizes in prop::collection::vec(0u64..(4 << 20), 1..300),
+        ) {
+            let mut b = ByteBudget::new(budget, prefetch);
+            // the largest body since the window was last set
+            let mut largest = 0;
+            for size in &sizes {
+                largest = largest.max(*size);
+                if let Some(retune) = b.taken(*size) {
+                    let (Retune::Pause(window) | Retune::Resize(window)) = retune;
+                    prop_assert!(window >= 1 && window <= prefetch);
+                    prop_assert!(
+                        window == 1 || u64::from(window) * largest <= budget,
+                        "window {} of {} bytes over {}", window, largest, budget
+                    );
+                    b.resumed();
+                    largest = 0;
+                }
+                b.settled(*size);
+            }
+        }
+    }
+}
