@@ -1,8 +1,8 @@
-//! One confirm-mode publisher per target exchange.
+//! One confirm-mode publisher per target exchange (and one for the bridge's own queues).
 //!
 //! Publishing to a missing exchange makes the broker close the channel (404) and fail every
-//! confirm pending on it. With a channel per target, only publishes to that same missing
-//! target fail; a closed channel is replaced on next use.
+//! confirm pending on it; so does a refused message (403, 406). With a channel per target,
+//! only publishes to that same target fail; a closed channel is replaced on next use.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,6 +61,14 @@ impl TargetChannels {
             .expect("target channels lock")
             .insert(target.to_string(), opened.clone());
         Ok(opened)
+    }
+
+    /// Uses `publisher` as the channel for `key` until it closes.
+    pub fn adopt(&self, key: &str, publisher: Publisher) {
+        self.channels
+            .lock()
+            .expect("target channels lock")
+            .insert(key.to_string(), publisher);
     }
 
     /// A private confirm channel for one publish that must not share the fate of others

@@ -36,13 +36,16 @@ pub(super) enum Event {
     Failed(u64, BridgeError),
 }
 
+/// The key of the bridge's own confirm channel (hops and parking) among the target
+/// channels: no route's target can be the default exchange.
+const OWN_CHANNEL: &str = "";
+
 /// What carrying a message needs; one per session, cloned into each message's task.
 #[derive(Clone)]
 pub(super) struct Carrier {
     shared: Arc<Shared>,
-    /// The bridge's own confirm channel: hops and parking.
-    publish: Publisher,
-    /// One confirm channel per target exchange.
+    /// One confirm channel per target exchange, and the bridge's own ([`OWN_CHANNEL`]):
+    /// a channel the broker closed (a refused message) is replaced on next use.
     targets: Arc<TargetChannels>,
     /// The negotiated frame size: a content header must fit in one frame, or the broker
     /// closes the connection.
@@ -133,10 +136,11 @@ impl Carrier {
         stop: CancellationToken,
     ) -> Self {
         let confirm_timeout = shared.config.confirm_timeout;
+        let targets = Arc::new(TargetChannels::new(connection.clone(), confirm_timeout));
+        targets.adopt(OWN_CHANNEL, publish);
         Self {
             shared,
-            publish,
-            targets: Arc::new(TargetChannels::new(connection.clone(), confirm_timeout)),
+            targets,
             frame_max: connection.configuration().frame_max(),
             events,
             stop,
@@ -199,7 +203,6 @@ impl Carrier {
 
     /// Closes the carrier's channels (at the end of a session that ended well).
     pub(super) async fn close(&self) {
-        self.publish.close("delay-bridge stopping").await;
         self.targets.close_all().await;
     }
 
@@ -380,6 +383,26 @@ impl Carrier {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
                 Outcome::Done
             }
+            // The broker refuses a body this large anywhere now (its max message size was
+            // lowered under messages already in the levels): retrying cannot help, and
+            // leaving it to the broker would bring it back for ever. Park what it accepts.
+            Settled::Park(again) if again.reason == ParkReason::TooLarge && !body.is_empty() => {
+                tracing::error!(
+                    body_bytes = body.len(),
+                    message_id = ?consumed.message_id().as_ref().map(|m| m.as_str()),
+                    "the broker refuses this message's body even in the parked queue: parking it without its body"
+                );
+                let without_body = Parked::new(
+                    parked.reason,
+                    format!(
+                        "{}; its body ({} bytes) was removed: the broker refused it even in the parked queue ({})",
+                        parked.detail,
+                        body.len(),
+                        again.detail
+                    ),
+                );
+                Box::pin(self.park(tag, &[], routing_key, consumed, &without_body)).await
+            }
             // The parked queue refuses it too: leave it to the broker and say why.
             Settled::Park(again) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
                 "the parked queue refused a message ({}: {})",
@@ -455,7 +478,7 @@ impl Carrier {
                 self.targets.isolated().await
             } else {
                 match attempt.destination {
-                    Destination::Own(_) => Ok(self.publish.clone()),
+                    Destination::Own(_) => self.targets.get(OWN_CHANNEL).await,
                     Destination::Target(target) => self.targets.get(target).await,
                 }
             };

@@ -728,3 +728,16 @@ pub fn close_connections_named(name: &str) -> usize {
     }
     closed
 }
+
+/// The broker's `max_message_size`, read with rabbitmqctl.
+pub fn broker_max_message_size() -> usize {
+    let out = rabbitmqctl()
+        .args(["eval", "application:get_env(rabbit, max_message_size)."])
+        .output()
+        .expect("rabbitmqctl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let digits: String = text.chars().filter(|c| c.is_ascii_digit()).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("max_message_size from rabbitmqctl: {text:?}"))
+}

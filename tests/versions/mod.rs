@@ -155,19 +155,6 @@ async fn a_message_redelivered_too_often_is_parked_with_a_reason() {
     w.cleanup().await;
 }
 
-/// The broker's `max_message_size`, read with rabbitmqctl.
-fn broker_max_message_size() -> usize {
-    let out = rabbitmqctl()
-        .args(["eval", "application:get_env(rabbit, max_message_size)."])
-        .output()
-        .expect("rabbitmqctl runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let digits: String = text.chars().filter(|c| c.is_ascii_digit()).collect();
-    digits
-        .parse()
-        .unwrap_or_else(|_| panic!("max_message_size from rabbitmqctl: {text:?}"))
-}
-
 #[tokio::test]
 async fn a_message_over_the_size_limit_is_refused_with_a_clear_error_and_one_at_it_travels() {
     let limit = broker_max_message_size();
