@@ -5,6 +5,7 @@ pub(crate) mod acks;
 mod budget;
 mod cancels;
 mod carrier;
+mod reconnect;
 mod redeliveries;
 mod session;
 
@@ -185,8 +186,7 @@ impl Bridge {
             queue_type = %config.queue_type,
             "delay-bridge starting"
         );
-        let reconnect_delays = || backoff(Duration::from_millis(200), Duration::from_secs(30));
-        let mut delays = reconnect_delays();
+        let mut reconnects = reconnect::Reconnects::default();
         let mut failing = false;
         // Which broker to try: on every loss or refusal, the next one (a cluster's nodes).
         let mut broker = 0;
@@ -201,10 +201,9 @@ impl Bridge {
                     return Err(e);
                 }
                 Err(e) => {
-                    // A session that got as far as consuming worked: the next loss is news,
-                    // and reconnecting starts again from the shortest pause.
-                    if self.ready_tx.send_replace(false) {
-                        delays = reconnect_delays();
+                    // A session that got as far as consuming worked: its loss is news.
+                    let worked = self.ready_tx.send_replace(false);
+                    if worked {
                         failing = false;
                     }
                     if failing {
@@ -218,7 +217,7 @@ impl Bridge {
                     self.shared.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     broker = (broker + 1) % config.urls.len();
                     tokio::select! {
-                        _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(30))) => {}
+                        _ = tokio::time::sleep(reconnects.pause_after_loss(worked)) => {}
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }
