@@ -398,6 +398,26 @@ fn duration_key(key: &str, value: &Option<String>, default: &str) -> Result<Dura
     })
 }
 
+/// A count between 1 and `max`, or `default` when unset; `why` explains the upper bound.
+fn count_key(
+    key: &str,
+    value: Option<u32>,
+    default: u32,
+    max: u32,
+    why: &str,
+) -> Result<u32, ConfigError> {
+    let value = value.unwrap_or(default);
+    if (1..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(
+            key,
+            value,
+            format!("must be between 1 and {max}{why}"),
+        ))
+    }
+}
+
 fn exchange_name(key: &str, value: &Option<String>) -> Result<String, ConfigError> {
     let name = value.as_deref().ok_or_else(|| {
         invalid(
@@ -496,17 +516,13 @@ impl RawConfig {
             .ok()
             .filter(|p| *p >= 1)
             .ok_or_else(|| invalid("bridge.prefetch", prefetch, "must be between 1 and 65535"))?;
-        let worker_threads = self
-            .bridge
-            .worker_threads
-            .unwrap_or(defaults::WORKER_THREADS);
-        if !(1..=defaults::MAX_WORKER_THREADS).contains(&worker_threads) {
-            return Err(invalid(
-                "bridge.worker_threads",
-                worker_threads,
-                format!("must be between 1 and {}", defaults::MAX_WORKER_THREADS),
-            ));
-        }
+        let worker_threads = count_key(
+            "bridge.worker_threads",
+            self.bridge.worker_threads,
+            defaults::WORKER_THREADS,
+            defaults::MAX_WORKER_THREADS,
+            "",
+        )?;
         let shutdown_timeout = duration_key(
             "bridge.shutdown_timeout",
             &self.bridge.shutdown_timeout,
@@ -529,20 +545,13 @@ impl RawConfig {
             &self.bridge.target_full_timeout,
             defaults::TARGET_FULL_TIMEOUT,
         )?;
-        let redelivery_limit = self
-            .bridge
-            .redelivery_limit
-            .unwrap_or(defaults::REDELIVERY_LIMIT);
-        if !(1..=defaults::MAX_REDELIVERY_LIMIT).contains(&redelivery_limit) {
-            return Err(invalid(
-                "bridge.redelivery_limit",
-                redelivery_limit,
-                format!(
-                    "must be between 1 and {} (below the quorum work queue's own delivery limit)",
-                    defaults::MAX_REDELIVERY_LIMIT
-                ),
-            ));
-        }
+        let redelivery_limit = count_key(
+            "bridge.redelivery_limit",
+            self.bridge.redelivery_limit,
+            defaults::REDELIVERY_LIMIT,
+            defaults::MAX_REDELIVERY_LIMIT,
+            " (below the quorum work queue's own delivery limit)",
+        )?;
         let max_unacked_bytes = self
             .bridge
             .max_unacked_bytes
