@@ -28,12 +28,12 @@ use crate::plan::{Step, next_step};
 pub(super) enum Event {
     /// The delivery waits on a hold timer.
     Held(u64),
-    /// Its replacement is confirmed: it may be acked.
-    Done(u64),
-    /// It goes back to the broker unprocessed.
-    Release(u64),
-    /// Publishing failed in a way that needs a new session; it goes back to the broker.
-    Failed(u64, BridgeError),
+    /// The carrier is done with the delivery `tag`, whose body was `body_bytes` long.
+    Ended {
+        tag: u64,
+        body_bytes: u64,
+        outcome: Outcome,
+    },
 }
 
 /// The key of the bridge's own confirm channel (hops and parking) among the target
@@ -118,10 +118,13 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
     super::backoff(Duration::from_millis(100), MAX_RETRY_DELAY)
 }
 
-/// How a message ended, from the task's point of view.
-enum Outcome {
+/// How a carrier was done with a delivery.
+pub(super) enum Outcome {
+    /// Its replacement is confirmed: it may be acked.
     Done,
+    /// It goes back to the broker unprocessed.
     Release,
+    /// Publishing failed in a way that needs a new session; it goes back to the broker.
     Failed(BridgeError),
 }
 
@@ -152,6 +155,7 @@ impl Carrier {
     pub(super) fn start(&self, delivery: Delivery) {
         let carrier = self.clone();
         let tag = delivery.delivery_tag;
+        let body_bytes = delivery.data.len() as u64;
         let redelivered = delivery.redelivered.then(|| {
             Fingerprint::of(
                 delivery.exchange.as_str(),
@@ -192,12 +196,11 @@ impl Carrier {
                     .unwrap_or_else(|e| e.into_inner())
                     .settled(fingerprint);
             }
-            let event = match outcome {
-                Outcome::Done => Event::Done(tag),
-                Outcome::Release => Event::Release(tag),
-                Outcome::Failed(e) => Event::Failed(tag, e),
-            };
-            let _ = carrier.events.send(event);
+            let _ = carrier.events.send(Event::Ended {
+                tag,
+                body_bytes,
+                outcome,
+            });
         });
     }
 

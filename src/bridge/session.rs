@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckOp, AckTracker};
 use super::budget::{ByteBudget, Retune};
-use super::carrier::{Carrier, Event};
+use super::carrier::{Carrier, Event, Outcome};
 use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels};
 use crate::amqp::publisher::Publisher;
 
@@ -68,7 +68,6 @@ pub(super) async fn run(
         consumer_tag,
         consumers_started: 1,
         replacing: false,
-        body_bytes: std::collections::HashMap::new(),
         budget,
         carrier,
         events,
@@ -130,9 +129,8 @@ struct Session {
     /// True from the moment the consumer is cancelled to change its prefetch window until
     /// its successor starts.
     replacing: bool,
-    /// Body size of every delivery not yet settled, by delivery tag.
-    body_bytes: std::collections::HashMap<u64, u64>,
-    /// Their sum, and the prefetch window that keeps it within `bridge.max_unacked_bytes`.
+    /// The body bytes of deliveries not yet settled, and the prefetch window that keeps
+    /// them within `bridge.max_unacked_bytes`.
     budget: ByteBudget,
     carrier: Carrier,
     /// What carriers report.
@@ -167,9 +165,7 @@ impl Session {
                     Some(Ok(delivery)) => {
                         self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
                         self.tracker.delivered(delivery.delivery_tag);
-                        let bytes = delivery.data.len() as u64;
-                        self.body_bytes.insert(delivery.delivery_tag, bytes);
-                        let retune = self.budget.taken(bytes);
+                        let retune = self.budget.taken(delivery.data.len() as u64);
                         self.shared
                             .stats
                             .max_unacked_bytes_seen
@@ -237,18 +233,26 @@ impl Session {
         let mut next = Some(first);
         let mut batched = 0;
         while let Some(event) = next {
-            self.forget_bytes(&event);
             match event {
                 Event::Held(tag) => self.tracker.held(tag),
-                Event::Done(tag) => ops.extend(self.tracker.done(tag)),
-                Event::Release(tag) => {
-                    stats.released.fetch_add(1, Ordering::Relaxed);
-                    ops.extend(self.tracker.release(tag));
-                }
-                Event::Failed(tag, error) => {
-                    stats.released.fetch_add(1, Ordering::Relaxed);
-                    ops.extend(self.tracker.release(tag));
-                    failure.get_or_insert(error);
+                Event::Ended {
+                    tag,
+                    body_bytes,
+                    outcome,
+                } => {
+                    self.budget.settled(body_bytes);
+                    match outcome {
+                        Outcome::Done => ops.extend(self.tracker.done(tag)),
+                        Outcome::Release => {
+                            stats.released.fetch_add(1, Ordering::Relaxed);
+                            ops.extend(self.tracker.release(tag));
+                        }
+                        Outcome::Failed(error) => {
+                            stats.released.fetch_add(1, Ordering::Relaxed);
+                            ops.extend(self.tracker.release(tag));
+                            failure.get_or_insert(error);
+                        }
+                    }
                 }
             }
             batched += 1;
@@ -265,17 +269,6 @@ impl Session {
         match failure {
             Some(error) => Err(error),
             None => self.resume().await,
-        }
-    }
-
-    /// A settled delivery's body no longer counts against the byte budget.
-    fn forget_bytes(&mut self, event: &Event) {
-        let tag = match event {
-            Event::Held(_) => return,
-            Event::Done(tag) | Event::Release(tag) | Event::Failed(tag, _) => *tag,
-        };
-        if let Some(bytes) = self.body_bytes.remove(&tag) {
-            self.budget.settled(bytes);
         }
     }
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use lapin::ExchangeKind;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeleteOptions};
+use lapin::options::{QueueBindOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 
 use crate::support::raw::{deep_headers, publish_raw};
@@ -28,17 +28,10 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     let deep_in = format!("{}.deep-in", w.prefix);
     let deep_out = format!("{}.deep-out", w.prefix);
     let deep_queue = format!("{deep_out}.q");
-    let ch = w.conn.create_channel().await.unwrap();
-    ch.exchange_declare(
-        deep_out.as_str().into(),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    w.adopt_exchange(&deep_out);
+    w.declare_extra_exchange(&deep_out, ExchangeKind::Fanout)
+        .await;
     w.adopt_exchange(&deep_in);
+    let ch = w.conn.create_channel().await.unwrap();
     declare_queue(&ch, &deep_queue).await;
     ch.queue_bind(
         deep_queue.as_str().into(),

@@ -89,16 +89,8 @@ async fn a_target_that_refuses_every_publish_parks_the_message_and_traffic_flows
 async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_flows_on() {
     let (mut w, ingress, full) = world_with_extra_route("full", "full", Some("1s")).await;
     let queue = format!("{full}.q");
+    w.declare_extra_exchange(&full, ExchangeKind::Direct).await;
     let ch = w.conn.create_channel().await.unwrap();
-    ch.exchange_declare(
-        full.as_str().into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    w.adopt_exchange(&full);
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
     args.insert(
