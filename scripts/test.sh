@@ -17,9 +17,11 @@ export DELAY_BRIDGE_PYTHON
 
 echo "== cargo fmt --check"
 cargo fmt --check
-echo "== cargo clippy --all-targets [--all-features] -- -D warnings"
+echo "== cargo clippy --all-targets [--all-features], --lib --no-default-features -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --all-features -- -D warnings
+# What a library user compiles: no CLI, no sandbox, no benchmarks.
+cargo clippy --lib --no-default-features -- -D warnings
 
 mkdir -p target
 # passed failed, summed over the `test result:` lines of a log

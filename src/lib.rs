@@ -31,6 +31,13 @@
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
 //!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower.
 //! - [`client`]: the typed client: schedule, cancel, reschedule.
+//!
+//! For demos and broker-backed tests (feature `sandbox`):
+//! - `sandbox`: a throw-away topology and bridge, in process or as a `delay-bridge run`
+//!   child process; queue counts and watchers.
+//!
+//! The `delay-bridge` command (feature `cli`, on by default) and the `delay-bridge-bench`
+//! benchmarks (feature `bench`) live in `src/bin/`.
 
 #![warn(missing_docs)]
 
@@ -45,3 +52,6 @@ pub mod ladder;
 pub mod naming;
 pub mod plan;
 pub mod topology;
+
+#[cfg(feature = "sandbox")]
+pub mod sandbox;

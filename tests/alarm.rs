@@ -100,13 +100,13 @@ async fn a_resource_alarm_stalls_deliveries_safely_and_sigterm_still_exits_in_ti
         ..Setup::new("alarm")
     })
     .await;
-    let config = write_config(&w, 1000);
-    let log = std::env::temp_dir().join(format!("{}.log", w.prefix));
+    let config = w.config_file(1000);
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
 
     // 1. Blocked while messages come due: logged once with its reason, nothing arrives, not
     // even past the due time. (Raising the alarm takes rabbitmqctl a second or two: the
     // delays leave room for it, so the bridge still has hops to publish once it is up.)
-    let bridge = BridgeProcess::spawn_logging(&config, Some("info"), &log);
+    let bridge = spawn_logging(&config, Some("info"), &log);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     let due = Instant::now() + DELAY;
     publish_batch(&w, 0, 20, DELAY.as_millis() as i64).await;
@@ -129,7 +129,7 @@ async fn a_resource_alarm_stalls_deliveries_safely_and_sigterm_still_exits_in_ti
     let alarm = MemoryAlarm::raise();
     wait_for_blocked_lines(&log, 2, 10 * SEC).await;
     let asked = Instant::now();
-    let status = bridge.terminate(15 * SEC).await;
+    let status = bridge.terminate(15 * SEC).await.unwrap();
     let took = asked.elapsed();
     println!("exited {took:?} after SIGTERM during the alarm (shutdown_timeout 5 s)");
     assert!(status.success(), "exit status {status:?}");
@@ -138,7 +138,7 @@ async fn a_resource_alarm_stalls_deliveries_safely_and_sigterm_still_exits_in_ti
 
     // 4. Nothing was lost: the next bridge delivers what waited. A delivery the broker took
     // but had not confirmed when the first bridge stopped comes again (at least once).
-    let bridge = BridgeProcess::spawn_logging(&config, Some("info"), &log);
+    let bridge = spawn_logging(&config, Some("info"), &log);
     let mut got = Vec::new();
     let deadline = Instant::now() + 20 * SEC;
     loop {
@@ -157,8 +157,7 @@ async fn a_resource_alarm_stalls_deliveries_safely_and_sigterm_still_exits_in_ti
     let duplicates = got.len() - 10;
     println!("after the restart: 10 of 10 delivered, {duplicates} twice");
     assert!(duplicates <= 10, "{duplicates} duplicates of 10 in flight");
-    assert!(bridge.terminate(20 * SEC).await.success());
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let _ = std::fs::remove_file(&log);
-    let _ = std::fs::remove_file(&config);
     w.cleanup().await;
 }

@@ -1,49 +1,48 @@
-//! The benchmarks' own smoke tests: every scenario of `delay-bridge bench` runs through the
+//! The benchmarks' own smoke tests: every scenario of `delay-bridge-bench` runs through the
 //! binary with tiny counts against the test broker, so the bench cannot rot. They check
 //! what must hold at any size (every message arrives once, none early, the JSON report is
 //! complete, a baseline was measured in the same run); the timing targets are only
 //! reported at these sizes, not asserted.
 
+use delay_bridge::sandbox::process::ConfigFile;
 use serde_json::Value;
 
 use crate::support::*;
 
-/// Runs `delay-bridge bench <args>` with the default ladder and prefetch.
+/// Runs `delay-bridge-bench <args>` with the default ladder and prefetch.
 async fn bench(args: &[&str]) -> Value {
     bench_with("default", 4000, args).await
 }
 
-/// Runs `delay-bridge bench <args>` with a config for the test broker (this ladder and
+/// Runs `delay-bridge-bench <args>` with a config for the test broker (this ladder and
 /// prefetch) and returns the JSON object its output ends with.
 async fn bench_with(ladder: &str, prefetch: u32, args: &[&str]) -> Value {
-    let config = std::env::temp_dir().join(format!("{}.toml", unique_prefix("bench-smoke")));
-    std::fs::write(
-        &config,
-        config_toml(
-            "unused",
-            ladder,
-            "250ms",
-            &[("unused.in".into(), "unused.out".into())],
-            prefetch,
-        ),
+    // The bench replaces the prefix and the route.
+    let route = [("unused.in".to_string(), "unused.out".to_string())];
+    let config = raw_config(
+        &unique_prefix("bench-smoke"),
+        ladder,
+        "250ms",
+        &route,
+        prefetch,
     )
-    .unwrap();
+    .validate()
+    .expect("a valid config");
+    let config = ConfigFile::write(&config).expect("config written");
     let ctl = std::env::var("DELAY_BRIDGE_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(120),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
-            .arg("--config")
-            .arg(&config)
-            .arg("bench")
+        config
+            .command(std::path::Path::new(env!(
+                "CARGO_BIN_EXE_delay-bridge-bench"
+            )))
             .args(args)
             .env("DELAY_BRIDGE_CTL", ctl)
-            .kill_on_drop(true)
             .output(),
     )
     .await
     .expect("the bench finishes within 120 s")
     .unwrap();
-    let _ = std::fs::remove_file(&config);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use delay_bridge::bridge::Stats;
 use delay_bridge::client::{Message, When};
 use delay_bridge::clock::now_ms;
+use delay_bridge::sandbox::process::ConfigFile;
 use lapin::types::AMQPValue;
 
 use crate::support::*;
@@ -252,7 +253,8 @@ async fn two_instances_both_honour_cancels() {
         ..Setup::new("cancel-two")
     })
     .await;
-    let (token, handle, second) = w.spawn_bridge().await;
+    let second_bridge = w.spawn_bridge().await;
+    let second = second_bridge.stats();
     let first = w.stats();
     let client = w.client().await;
     for i in 0..40 {
@@ -292,8 +294,10 @@ async fn two_instances_both_honour_cancels() {
         .await
         .unwrap();
     only_sentinel_arrives(&mut w, 5 * SEC).await;
-    token.cancel();
-    handle.await.unwrap();
+    second_bridge
+        .stop()
+        .await
+        .expect("the second bridge stops cleanly");
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -346,7 +350,7 @@ async fn client_errors_are_typed_and_say_what_to_do() {
     })
     .await;
     let client = w.client().await;
-    let missing = format!("{}.no-such-exchange", w.prefix);
+    let missing = format!("{}.no-such-exchange", w.prefix());
     let err = client
         .schedule(
             Message::new(missing.as_str(), "k", b"x".to_vec()),
@@ -359,7 +363,7 @@ async fn client_errors_are_typed_and_say_what_to_do() {
         "{err}"
     );
     // The client keeps working after the broker closed that exchange's channel.
-    let unbound = format!("{}.unbound", w.prefix);
+    let unbound = format!("{}.unbound", w.prefix());
     w.declare_extra_exchange(&unbound, lapin::ExchangeKind::Fanout)
         .await;
     let err = client
@@ -387,7 +391,7 @@ async fn client_errors_are_typed_and_say_what_to_do() {
     assert_eq!(ok.message_id, "fine");
     client.close().await.unwrap();
 
-    let other = Client::connect(&broker_url(), &format!("{}-never-started", w.prefix))
+    let other = Client::connect(&broker_url(), &format!("{}-never-started", w.prefix()))
         .await
         .unwrap();
     let err = other.cancel("x").await.unwrap_err();
@@ -403,10 +407,9 @@ async fn client_errors_are_typed_and_say_what_to_do() {
 }
 
 /// Runs a `delay-bridge` command against the world's config; panics with its output on failure.
-async fn cli(config: &std::path::Path, args: &[&str]) -> String {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
-        .arg("--config")
-        .arg(config)
+async fn cli(config: &ConfigFile, args: &[&str]) -> String {
+    let out = config
+        .command(bridge_exe())
         .args(args)
         .output()
         .await
@@ -423,8 +426,8 @@ async fn cli(config: &std::path::Path, args: &[&str]) -> String {
 #[tokio::test]
 async fn the_cli_schedules_reschedules_and_cancels() {
     let mut w = World::start(Setup::new("cli")).await;
-    let config = write_config(&w, 100);
-    let config = config.as_path();
+    let config = w.config_file(100);
+    let config = &config;
     let said = cli(
         config,
         &[
@@ -500,7 +503,6 @@ async fn the_cli_schedules_reschedules_and_cancels() {
     );
     assert_eq!(w.pending_in_queues().await, 0);
     assert_eq!(count(&w.stats().cancelled), 2);
-    let _ = std::fs::remove_file(config);
     w.cleanup().await;
 }
 

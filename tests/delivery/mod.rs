@@ -312,14 +312,9 @@ async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_va
     })
     .await;
     // Redeclare one level with another TTL under a different config.
-    let text_cfg = config_toml(
-        &w.prefix,
-        "100ms 250ms 400ms 800ms",
-        "30ms",
-        &[(w.ingress.clone(), w.target.clone())],
-        100,
-    );
-    let config = delay_bridge::config::Config::from_toml(&text_cfg, "<test>", &[]).unwrap();
+    let mut config = w.config.clone();
+    config.ladder =
+        delay_bridge::ladder::Ladder::parse("100ms 250ms 400ms 800ms").expect("a ladder");
     // Pre-create the 250ms queue with the wrong TTL.
     let ch = w.conn.create_channel().await.unwrap();
     let mut args = FieldTable::default();

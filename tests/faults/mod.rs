@@ -54,14 +54,14 @@ async fn sigkill_mid_flight_loses_nothing() {
         ..Setup::new("crash")
     })
     .await;
-    let path = write_config(&w, PREFETCH);
-    let first = BridgeProcess::spawn(&path);
+    let path = w.config_file(PREFETCH);
+    let first = spawn_process(&path);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     publish_spread(&w, N, 300, 4_000).await;
     // Kill once deliveries have started: the rest sit in levels, holds and in flight.
     let mut got = w.recv_n(200, 10 * SEC).await;
     first.kill9().await;
-    let second = BridgeProcess::spawn(&path);
+    let second = spawn_process(&path);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     let deadline = std::time::Instant::now() + 30 * SEC;
     while count_ids(&got, N).0 < N {
@@ -80,9 +80,8 @@ async fn sigkill_mid_flight_loses_nothing() {
         dups <= PREFETCH as usize,
         "duplicates {dups} above the in-flight window"
     );
-    let status = second.terminate(20 * SEC).await;
+    let status = second.terminate(20 * SEC).await.unwrap();
     assert!(status.success(), "exit status {status:?}");
-    let _ = std::fs::remove_file(path);
     w.cleanup().await;
 }
 
@@ -94,9 +93,9 @@ async fn two_bridge_processes_share_the_work_without_duplicates() {
         ..Setup::new("two")
     })
     .await;
-    let path = write_config(&w, 500);
-    let a = BridgeProcess::spawn(&path);
-    let b = BridgeProcess::spawn(&path);
+    let path = w.config_file(500);
+    let a = spawn_process(&path);
+    let b = spawn_process(&path);
     wait_for_consumers(&w, 2, 20 * SEC).await;
     publish_spread(&w, N, 100, 2_500).await;
     let mut got = w.recv_n(N, 20 * SEC).await;
@@ -104,9 +103,8 @@ async fn two_bridge_processes_share_the_work_without_duplicates() {
     let (distinct, dups) = count_ids(&got, N);
     assert_eq!((distinct, dups), (N, 0), "all delivered, none twice");
     for p in [a, b] {
-        assert!(p.terminate(20 * SEC).await.success());
+        assert!(p.terminate(20 * SEC).await.unwrap().success());
     }
-    let _ = std::fs::remove_file(path);
     w.cleanup().await;
 }
 
@@ -120,15 +118,15 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
         ..Setup::new("sigterm")
     })
     .await;
-    let path = write_config(&w, 1_000);
-    let first = BridgeProcess::spawn(&path);
+    let path = w.config_file(1_000);
+    let first = spawn_process(&path);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     // Delays below the smallest level + margin: every message is held in process.
     publish_spread(&w, N, 600, 1_050).await;
-    let status = first.terminate(20 * SEC).await;
+    let status = first.terminate(20 * SEC).await.unwrap();
     assert!(status.success(), "exit status {status:?}");
     let mut got = w.drain_quiet(Duration::from_millis(200)).await;
-    let second = BridgeProcess::spawn(&path);
+    let second = spawn_process(&path);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     got.extend(w.recv_n(N - count_ids(&got, N).0, 20 * SEC).await);
     got.extend(w.drain_quiet(Duration::from_millis(500)).await);
@@ -137,8 +135,7 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
         (N, 0),
         "released, redelivered once each"
     );
-    assert!(second.terminate(20 * SEC).await.success());
-    let _ = std::fs::remove_file(path);
+    assert!(second.terminate(20 * SEC).await.unwrap().success());
     w.cleanup().await;
 }
 
@@ -148,7 +145,7 @@ async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
     let mut w = World::start(Setup::new("reconnect")).await;
     publish_spread(&w, N, 200, 2_500).await;
     let mut got = w.recv_n(20, 10 * SEC).await;
-    let closed = close_connections_named(&format!("delay-bridge {}", w.prefix));
+    let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
     assert_eq!(closed, 1, "the bridge's connection was found and closed");
     got.extend(w.recv_n(N - count_ids(&got, N).0, 30 * SEC).await);
     got.extend(w.drain_quiet(Duration::from_millis(500)).await);

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use delay_bridge::config::Route;
 use lapin::ExchangeKind;
 use lapin::options::{QueueBindOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
@@ -25,12 +26,17 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
         ..Setup::new("deep")
     })
     .await;
-    let deep_in = format!("{}.deep-in", w.prefix);
-    let deep_out = format!("{}.deep-out", w.prefix);
+    let deep_in = format!("{}.deep-in", w.prefix());
+    let deep_out = format!("{}.deep-out", w.prefix());
     let deep_queue = format!("{deep_out}.q");
     w.declare_extra_exchange(&deep_out, ExchangeKind::Fanout)
         .await;
-    w.adopt_exchange(&deep_in);
+    w.add_route(Route {
+        ingress: deep_in.clone(),
+        target: deep_out.clone(),
+    })
+    .await
+    .unwrap();
     let ch = w.conn.create_channel().await.unwrap();
     declare_queue(&ch, &deep_queue).await;
     ch.queue_bind(
@@ -42,19 +48,8 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     )
     .await
     .unwrap();
-    let config = std::env::temp_dir().join(format!("{}.toml", w.prefix));
-    let text = config_toml(
-        &w.prefix,
-        &w.config.ladder.to_string(),
-        &delay_bridge::ladder::format_duration(w.config.margin),
-        &[
-            (w.ingress.clone(), w.target.clone()),
-            (deep_in.clone(), deep_out.clone()),
-        ],
-        100,
-    );
-    std::fs::write(&config, text).unwrap();
-    let mut bridge = BridgeProcess::spawn(&config);
+    let config = w.config_file(100);
+    let mut bridge = spawn_process(&config);
     wait_for_consumers(&w, 1, 20 * SEC).await;
 
     publish_raw(
@@ -73,22 +68,18 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     let deadline = Instant::now() + 30 * SEC;
     while w.queue_depth(&deep_queue).await < 1 {
         assert!(
-            bridge.child.try_wait().unwrap().is_none(),
+            bridge.exited().unwrap().is_none(),
             "the bridge died: {:?}",
-            bridge.child.try_wait()
+            bridge.exited()
         );
         assert!(Instant::now() < deadline, "the deep message did not arrive");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        bridge.child.try_wait().unwrap().is_none(),
-        "the bridge is alive"
-    );
-    assert!(bridge.terminate(20 * SEC).await.success());
+    assert!(bridge.exited().unwrap().is_none(), "the bridge is alive");
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let _ = ch
         .queue_delete(deep_queue.as_str().into(), QueueDeleteOptions::default())
         .await;
-    let _ = std::fs::remove_file(&config);
     w.cleanup().await;
 }
 

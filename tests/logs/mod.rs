@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use delay_bridge::config::BrokerUrl;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
@@ -47,16 +48,16 @@ async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
     let tag = format!("{:08x}", rand::random::<u32>());
     let (user, password) = (format!("logs-{tag}"), format!("pw-SECRET-{tag}"));
     let _user = TestUser::create(&user, &password);
-    let config = write_config(&w, 100);
-    let text = std::fs::read_to_string(&config).unwrap();
     let url = broker_url();
     let with_user = url.replacen("guest:guest@", &format!("{user}:{password}@"), 1);
     assert_ne!(url, with_user, "the test broker URL has guest:guest");
-    std::fs::write(&config, text.replace(&url, &with_user)).unwrap();
-    let log = std::env::temp_dir().join(format!("{}.log", w.prefix));
+    let config = w.config_file_with(|config| {
+        config.urls = vec![BrokerUrl::parse(&with_user).expect("a URL")];
+    });
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
 
     // Default level: a message parked for a bad x-delay and one parked unroutable.
-    let bridge = BridgeProcess::spawn_logging(&config, None, &log);
+    let bridge = spawn_logging(&config, None, &log);
     wait_for_consumers(&w, 1, 20 * SEC).await;
     let bad = BasicProperties::default().with_headers(headers(vec![(
         "x-delay",
@@ -77,7 +78,7 @@ async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
     for _ in 0..2 {
         w.parked_within(10 * SEC).await;
     }
-    assert!(bridge.terminate(20 * SEC).await.success());
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let default_log = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
         default_log.matches("parking message").count(),
@@ -94,9 +95,9 @@ async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
     );
 
     // Trace level: the connection handshake and everything after it.
-    let bridge = BridgeProcess::spawn_logging(&config, Some("trace"), &log);
+    let bridge = spawn_logging(&config, Some("trace"), &log);
     wait_for_consumers(&w, 1, 20 * SEC).await;
-    assert!(bridge.terminate(20 * SEC).await.success());
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let trace_log = std::fs::read_to_string(&log).unwrap();
     assert!(
         trace_log.lines().count() > 50,
@@ -108,7 +109,6 @@ async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
         "the password is in the trace log"
     );
     let _ = std::fs::remove_file(&log);
-    let _ = std::fs::remove_file(&config);
     w.cleanup().await;
 }
 

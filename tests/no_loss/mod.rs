@@ -154,8 +154,8 @@ async fn a_burst_with_unroutable_messages_parks_exactly_those_and_delivers_the_r
 #[tokio::test]
 async fn cc_on_a_hopping_message_reaches_no_queue_through_its_hops() {
     let mut w = World::start(Setup::new("cc-hops")).await;
-    let victim = format!("{}.victim", w.prefix);
-    let copy = format!("{}.cc-copy", w.prefix);
+    let victim = format!("{}.victim", w.prefix());
+    let copy = format!("{}.cc-copy", w.prefix());
     let ch = w.conn.create_channel().await.unwrap();
     declare_queue(&ch, &victim).await;
     declare_queue(&ch, &copy).await;

@@ -163,7 +163,7 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
             count(&stats.consumed) >= seen && count(&stats.held) >= 1
         })
         .await;
-        let closed = close_connections_named(&format!("delay-bridge {}", w.prefix));
+        let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
         assert_eq!(closed, 1, "the bridge's connection was found and closed");
     }
     let parked = w.parked_within(20 * SEC).await;

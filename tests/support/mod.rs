@@ -1,29 +1,30 @@
-//! Test support: a uniquely prefixed topology per test, a bridge in process or as a child
-//! process, waits on events with deadlines, and cleanup even when a test panics.
+//! Test support: a uniquely prefixed topology per test (the library's sandbox), a bridge in
+//! process or as a child process, waits on events with deadlines, and cleanup even when a
+//! test panics.
 
 #![allow(dead_code)]
 
 pub mod raw;
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use delay_bridge::bridge::{Bridge, Stats};
+use delay_bridge::bridge::Stats;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::{
-    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawRoute, RawTopology,
+    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawRoute, RawTopology, Route,
 };
-use delay_bridge::topology::Topology;
-use futures::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
+use delay_bridge::sandbox::{InProcessBridge, Sandbox, TargetBinding};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+
+pub use delay_bridge::sandbox::Received;
 
 /// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
 pub fn broker_url() -> String {
@@ -42,25 +43,6 @@ pub async fn connect() -> Connection {
         .expect("the test broker answers (run scripts/broker.sh)")
 }
 
-/// One message as received from the target queue, with its arrival time.
-#[derive(Debug)]
-pub struct Received {
-    pub at_ms: u64,
-    pub routing_key: String,
-    pub exchange: String,
-    pub properties: BasicProperties,
-    pub body: Vec<u8>,
-}
-
-impl Received {
-    pub fn header(&self, name: &str) -> Option<&AMQPValue> {
-        self.properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get(name))
-    }
-}
-
 /// A message that reached the target queue or the parked queue.
 #[derive(Debug)]
 pub enum Arrival {
@@ -70,21 +52,27 @@ pub enum Arrival {
     Parked(Received),
 }
 
-/// A test's world: its own prefix, a target topic exchange with a catch-all queue, the
-/// parked queue watched, and a bridge (in process unless the test starts processes).
+/// A test's world: a sandbox whose target is a topic exchange bound with `rk.#` (so any
+/// other routing key is unroutable), the target and parked queues watched, a confirming
+/// publisher, and a bridge (in process unless the test starts processes).
 pub struct World {
-    pub prefix: String,
-    pub config: Config,
-    pub conn: Arc<Connection>,
+    pub sandbox: Sandbox,
     pub publisher: Channel,
-    pub ingress: String,
-    pub target: String,
-    pub target_queue: String,
     received: mpsc::UnboundedReceiver<Received>,
     parked: mpsc::UnboundedReceiver<Received>,
-    bridge: Option<(CancellationToken, tokio::task::JoinHandle<()>, Arc<Stats>)>,
-    extra_exchanges: Vec<String>,
-    cleaned: bool,
+}
+
+impl Deref for World {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.sandbox
+    }
+}
+
+impl DerefMut for World {
+    fn deref_mut(&mut self) -> &mut Sandbox {
+        &mut self.sandbox
+    }
 }
 
 /// Options for a world.
@@ -92,7 +80,7 @@ pub struct Setup<'a> {
     pub test: &'a str,
     pub ladder: &'a str,
     pub margin: &'a str,
-    /// Extra `[[route]]` TOML (for example a route to a missing target).
+    /// Extra routes (ingress, target), for example a route to a missing target.
     pub extra_routes: Vec<(String, String)>,
     pub start_bridge: bool,
     pub prefetch: u32,
@@ -126,6 +114,20 @@ impl<'a> Setup<'a> {
             redelivery_limit: None,
             max_unacked_bytes: None,
         }
+    }
+
+    /// The bridge's configuration for these options (the sandbox sets prefix and routes).
+    fn config(&self) -> Config {
+        // The sandbox replaces the prefix and the route.
+        let route = [("unused.in".to_string(), "unused.out".to_string())];
+        let mut raw = raw_config("unused", self.ladder, self.margin, &route, self.prefetch);
+        raw.topology.queue_type = Some(self.queue_type.into());
+        raw.delays.max_delay = Some(self.max_delay.into());
+        raw.cancel.grace = Some(self.cancel_grace.into());
+        raw.bridge.target_full_timeout = self.target_full_timeout.map(Into::into);
+        raw.bridge.redelivery_limit = self.redelivery_limit;
+        raw.bridge.max_unacked_bytes = self.max_unacked_bytes;
+        raw.validate().expect("test config is valid")
     }
 }
 
@@ -168,77 +170,39 @@ pub fn raw_config(
     }
 }
 
-/// The same as a TOML file, for a bridge process (the password is written as it is).
-pub fn config_toml(
-    prefix: &str,
-    ladder: &str,
-    margin: &str,
-    routes: &[(String, String)],
-    prefetch: u32,
-) -> String {
-    toml::to_string(&raw_config(prefix, ladder, margin, routes, prefetch)).expect("TOML")
-}
-
 impl World {
     pub async fn start(setup: Setup<'_>) -> World {
-        let prefix = unique_prefix(setup.test);
-        let ingress = format!("{prefix}.in");
-        let target = format!("{prefix}.out");
-        let target_queue = format!("{prefix}.out.q");
-        let mut routes = vec![(ingress.clone(), target.clone())];
-        routes.extend(setup.extra_routes.iter().cloned());
-        let mut raw = raw_config(&prefix, setup.ladder, setup.margin, &routes, setup.prefetch);
-        raw.topology.queue_type = Some(setup.queue_type.into());
-        raw.delays.max_delay = Some(setup.max_delay.into());
-        raw.cancel.grace = Some(setup.cancel_grace.into());
-        raw.bridge.target_full_timeout = setup.target_full_timeout.map(Into::into);
-        raw.bridge.redelivery_limit = setup.redelivery_limit;
-        raw.bridge.max_unacked_bytes = setup.max_unacked_bytes;
-        let config = raw.validate().expect("test config is valid");
-        let conn = Arc::new(connect().await);
-        let setup_channel = conn.create_channel().await.unwrap();
-        setup_channel
-            .exchange_declare(
-                target.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
+        let mut sandbox = Sandbox::declare(
+            &setup.config(),
+            &format!("test-{}", setup.test),
+            TargetBinding::Topic("rk.#".into()),
+        )
+        .await
+        .expect("the test's topology is declared");
+        for (ingress, target) in &setup.extra_routes {
+            let route = Route {
+                ingress: ingress.clone(),
+                target: target.clone(),
+            };
+            sandbox.add_route(route).await.expect("route added");
+        }
+        let received = delay_bridge::sandbox::watch_queue(&sandbox.conn, &sandbox.target_queue)
             .await
-            .unwrap();
-        declare_queue(&setup_channel, &target_queue).await;
-        setup_channel
-            .queue_bind(
-                target_queue.as_str().into(),
-                target.as_str().into(),
-                "rk.#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        // Declare the bridge topology now, so publishes before the bridge is up are kept.
-        Topology::from_config(&config).declare(&conn).await.unwrap();
-        let received = watch_queue(&conn, &target_queue).await;
-        let parked = watch_queue(&conn, &config.names.parked_queue()).await;
-        let publisher = conn.create_channel().await.unwrap();
+            .expect("target watched");
+        let parked =
+            delay_bridge::sandbox::watch_queue(&sandbox.conn, &sandbox.config.names.parked_queue())
+                .await
+                .expect("parked queue watched");
+        let publisher = sandbox.channel().await.unwrap();
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
         let mut world = World {
-            prefix,
-            config,
-            conn,
+            sandbox,
             publisher,
-            ingress,
-            target,
-            target_queue,
             received,
             parked,
-            bridge: None,
-            extra_exchanges: Vec::new(),
-            cleaned: false,
         };
         if setup.start_bridge {
             world.start_bridge().await;
@@ -248,67 +212,51 @@ impl World {
 
     /// Starts the bridge in process and waits until it consumes.
     pub async fn start_bridge(&mut self) {
-        let (token, handle, stats) = self.spawn_bridge().await;
-        self.bridge = Some((token, handle, stats));
+        self.sandbox
+            .run_in_process()
+            .await
+            .expect("the bridge starts");
     }
 
     /// Starts one more bridge instance in process on this world's config (the caller stops
-    /// it with the token) and waits until it is ready.
-    pub async fn spawn_bridge(
-        &self,
-    ) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<Stats>) {
-        let bridge = Bridge::new(self.config.clone());
-        let stats = bridge.stats();
-        let mut ready = bridge.ready();
-        let token = CancellationToken::new();
-        let run_token = token.clone();
-        let handle = tokio::spawn(async move {
-            bridge.run(run_token).await.expect("the bridge runs");
-        });
-        tokio::time::timeout(Duration::from_secs(20), ready.wait_for(|r| *r))
+    /// it) and waits until it is ready.
+    pub async fn spawn_bridge(&self) -> InProcessBridge {
+        InProcessBridge::start(self.config.clone())
             .await
-            .expect("bridge ready within 20s")
-            .unwrap();
-        (token, handle, stats)
+            .expect("a second bridge starts")
     }
 
     /// A typed client for this world's bridge.
     pub async fn client(&self) -> delay_bridge::client::Client {
-        delay_bridge::client::Client::connect(&broker_url(), &self.prefix)
+        delay_bridge::client::Client::connect(&broker_url(), self.prefix())
             .await
             .expect("client connects")
     }
 
     /// Messages ready in a queue now.
-    pub async fn queue_depth(&self, queue: &str) -> u32 {
-        inspect_queue(&self.conn, queue).await.message_count()
+    pub async fn queue_depth(&self, queue: &str) -> u64 {
+        self.counts(queue).await.expect("the queue exists").messages
     }
 
     /// Messages in the work queue and every level queue (ready; the bridge's unacked ones
     /// are not counted).
-    pub async fn pending_in_queues(&self) -> u32 {
-        let mut total = self.queue_depth(&self.config.names.work_queue()).await;
-        for level in self.config.ladder.levels() {
-            total += self
-                .queue_depth(&self.config.names.level_queue(*level))
-                .await;
-        }
-        total
+    pub async fn pending_in_queues(&self) -> u64 {
+        let mut queues = self.level_queues();
+        queues.push(self.config.names.work_queue());
+        self.ready_in(&queues).await.expect("the queues exist")
     }
 
+    /// The in-process bridge's counters.
     pub fn stats(&self) -> Arc<Stats> {
-        self.bridge.as_ref().expect("bridge running").2.clone()
+        self.sandbox.stats().expect("bridge running")
     }
 
     /// Stops the in-process bridge and waits for it to drain.
     pub async fn stop_bridge(&mut self) {
-        if let Some((token, handle, _)) = self.bridge.take() {
-            token.cancel();
-            tokio::time::timeout(Duration::from_secs(20), handle)
-                .await
-                .expect("bridge stops within 20s")
-                .expect("bridge task did not panic");
-        }
+        tokio::time::timeout(Duration::from_secs(20), self.sandbox.stop_bridge())
+            .await
+            .expect("bridge stops within 20s")
+            .expect("the bridge stopped cleanly");
     }
 
     /// Publishes to the ingress exchange with confirm; returns the publish time (epoch ms).
@@ -320,7 +268,7 @@ impl World {
     ) -> u64 {
         publish_to(
             &self.publisher,
-            &self.ingress,
+            &self.sandbox.ingress,
             routing_key,
             body,
             properties,
@@ -386,80 +334,31 @@ impl World {
     }
 
     /// Declares an extra exchange the cleanup deletes.
-    pub async fn declare_extra_exchange(&mut self, name: &str, kind: ExchangeKind) {
-        let ch = self.conn.create_channel().await.unwrap();
-        ch.exchange_declare(
-            name.into(),
-            kind,
-            ExchangeDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-        self.extra_exchanges.push(name.to_string());
-    }
-
-    /// An exchange the test declared itself, for the cleanup to delete.
-    pub fn adopt_exchange(&mut self, name: &str) {
-        self.extra_exchanges.push(name.to_string());
+    pub async fn declare_extra_exchange(&mut self, name: &str, kind: lapin::ExchangeKind) {
+        self.sandbox
+            .declare_extra_exchange(name, kind)
+            .await
+            .expect("exchange declared");
     }
 
     /// Stops the bridge and deletes everything this test declared.
-    pub async fn cleanup(mut self) {
-        self.stop_bridge().await;
-        cleanup_topology(
-            &self.config,
-            &self.target,
-            &self.target_queue,
-            &self.extra_exchanges,
-        )
-        .await;
-        self.cleaned = true;
+    pub async fn cleanup(self) {
+        self.sandbox.finish().await.expect("the test cleans up");
     }
-}
 
-impl Drop for World {
-    fn drop(&mut self) {
-        if self.cleaned {
-            return;
-        }
-        // A failed test still leaves nothing behind: clean up on a thread of its own.
-        if let Some((token, _, _)) = self.bridge.take() {
-            token.cancel();
-        }
-        let config = self.config.clone();
-        let (target, queue, extra) = (
-            self.target.clone(),
-            self.target_queue.clone(),
-            self.extra_exchanges.clone(),
-        );
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(cleanup_topology(&config, &target, &queue, &extra));
+    /// This world's config with another prefetch, written for a child process.
+    pub fn config_file(&self, prefetch: u32) -> ConfigFile {
+        self.config_file_with(|config| {
+            config.prefetch = u16::try_from(prefetch).expect("prefetch fits");
         })
-        .join();
     }
-}
 
-pub async fn cleanup_topology(config: &Config, target: &str, target_queue: &str, extra: &[String]) {
-    let conn = connect().await;
-    let _ = Topology::from_config(config).delete(&conn).await;
-    let ch = conn.create_channel().await.unwrap();
-    let _ = ch
-        .queue_delete(target_queue.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .exchange_delete(target.into(), ExchangeDeleteOptions::default())
-        .await;
-    for e in extra {
-        let _ = ch
-            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
+    /// This world's config, changed by `change`, written for a child process.
+    pub fn config_file_with(&self, change: impl FnOnce(&mut Config)) -> ConfigFile {
+        let mut config = self.config.clone();
+        change(&mut config);
+        ConfigFile::write(&config).expect("config file written")
     }
-    let _ = conn.close(200, "cleanup".into()).await;
 }
 
 pub async fn declare_queue(channel: &Channel, name: &str) {
@@ -475,36 +374,9 @@ pub async fn declare_queue(channel: &Channel, name: &str) {
 
 /// Consumes a queue (auto-ack) into a channel of received messages, stamping arrival time.
 pub async fn watch_queue(conn: &Connection, queue: &str) -> mpsc::UnboundedReceiver<Received> {
-    let channel = conn.create_channel().await.unwrap();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            format!("watch-{queue}").as_str().into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
+    delay_bridge::sandbox::watch_queue(conn, queue)
         .await
-        .unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let _keep = channel;
-        while let Some(Ok(d)) = consumer.next().await {
-            let m = Received {
-                at_ms: now_ms(),
-                routing_key: d.routing_key.to_string(),
-                exchange: d.exchange.to_string(),
-                properties: d.properties,
-                body: d.data,
-            };
-            if tx.send(m).is_err() {
-                break;
-            }
-        }
-    });
-    rx
+        .expect("queue watched")
 }
 
 pub async fn publish_to(
@@ -561,123 +433,33 @@ pub fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
-/// A `delay-bridge run` child process, killed when dropped.
-pub struct BridgeProcess {
-    pub child: tokio::process::Child,
+/// The `delay-bridge` executable Cargo built for these tests.
+pub fn bridge_exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_delay-bridge"))
 }
 
-impl BridgeProcess {
-    /// Starts the release-or-debug binary Cargo built for these tests (warnings only, to
-    /// the test's stderr).
-    pub fn spawn(config_path: &std::path::Path) -> BridgeProcess {
-        Self::start(config_path, Some("warn"), None)
-    }
-
-    /// As `spawn`, with `RUST_LOG` = `rust_log` (`None`: unset, the binary's default level)
-    /// and stderr written to the file `log`.
-    pub fn spawn_logging(
-        config_path: &std::path::Path,
-        rust_log: Option<&str>,
-        log: &std::path::Path,
-    ) -> BridgeProcess {
-        Self::start(config_path, rust_log, Some(log))
-    }
-
-    fn start(
-        config_path: &std::path::Path,
-        rust_log: Option<&str>,
-        log: Option<&std::path::Path>,
-    ) -> BridgeProcess {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
-        command
-            .arg("--config")
-            .arg(config_path)
-            .arg("run")
-            .env_remove("RUST_LOG")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        if let Some(level) = rust_log {
-            command.env("RUST_LOG", level);
-        }
-        if let Some(log) = log {
-            command.stderr(std::fs::File::create(log).expect("log file"));
-        }
-        BridgeProcess {
-            child: command.spawn().expect("spawn delay-bridge"),
-        }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
-    }
-
-    /// SIGKILL: no chance to ack, drain or close anything.
-    pub async fn kill9(mut self) {
-        self.child.start_kill().unwrap();
-        let _ = self.child.wait().await;
-    }
-
-    /// SIGTERM, then the exit status within `within`.
-    pub async fn terminate(mut self, within: Duration) -> std::process::ExitStatus {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        tokio::time::timeout(within, self.child.wait())
-            .await
-            .expect("exits after SIGTERM")
-            .unwrap()
-    }
+/// Starts `delay-bridge run` on `config`, warnings only, to the test's stderr.
+pub fn spawn_process(config: &ConfigFile) -> BridgeProcess {
+    BridgeProcess::spawn(bridge_exe(), config, &ProcessLog::warnings()).expect("spawn delay-bridge")
 }
 
-/// Writes the world's config to a temp file for child processes.
-pub fn write_config(world: &World, prefetch: u32) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{}.toml", world.prefix));
-    let text = config_toml(
-        &world.prefix,
-        &world.config.ladder.to_string(),
-        &delay_bridge::ladder::format_duration(world.config.margin),
-        &[(world.ingress.clone(), world.target.clone())],
-        prefetch,
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// A queue's message and consumer counts now (a passive declare on a channel of its own).
-pub async fn inspect_queue(conn: &Connection, queue: &str) -> lapin::Queue {
-    let channel = conn.create_channel().await.unwrap();
-    let q = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let _ = channel.close(200, "inspected".into()).await;
-    q
+/// As `spawn_process`, with `RUST_LOG` = `rust_log` (`None`: unset, the binary's default
+/// level) and stderr written to the file `log`.
+pub fn spawn_logging(config: &ConfigFile, rust_log: Option<&str>, log: &Path) -> BridgeProcess {
+    let log = ProcessLog {
+        rust_log: rust_log.map(Into::into),
+        stderr: Some(PathBuf::from(log)),
+    };
+    BridgeProcess::spawn(bridge_exe(), config, &log).expect("spawn delay-bridge")
 }
 
 /// Waits until the work queue has `n` consumers.
-pub async fn wait_for_consumers(world: &World, n: u32, within: Duration) {
-    let deadline = Instant::now() + within;
-    let work_queue = world.config.names.work_queue();
-    loop {
-        let q = inspect_queue(&world.conn, &work_queue).await;
-        if q.consumer_count() >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} consumers not there within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub async fn wait_for_consumers(world: &World, n: u64, within: Duration) {
+    world
+        .sandbox
+        .wait_for_consumers(n, within)
+        .await
+        .expect("consumers there");
 }
 
 /// `rabbitmqctl` for the test broker: `DELAY_BRIDGE_TEST_CTL` (a command and its leading

@@ -17,7 +17,7 @@ const SEC: Duration = Duration::from_secs(1);
 /// A config for the world's prefix and route with another ladder and cancel grace.
 fn config_with(w: &World, ladder: &str, grace: &str) -> Config {
     let mut raw = raw_config(
-        &w.prefix,
+        w.prefix(),
         ladder,
         "30ms",
         &[(w.ingress.clone(), w.target.clone())],

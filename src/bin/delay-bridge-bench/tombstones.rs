@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lapin::types::ShortString;
 use serde_json::json;
 
@@ -14,8 +14,9 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 
 use super::load::{self, Outgoing};
-use crate::sandbox::Sandbox;
-use crate::sandbox::process::ProcessUsage;
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
+
+use crate::measured_bridge::{MeasuredBridge, ProcessUsage};
 
 /// `bench tombstones` options.
 #[derive(Debug, clap::Args)]
@@ -26,21 +27,19 @@ pub struct Args {
 }
 
 /// A bridge process started on the sandbox: how long until it consumed, and its usage then.
-async fn start_and_read(sandbox: &mut Sandbox) -> Result<(f64, ProcessUsage)> {
+async fn start_and_read(sandbox: &Sandbox) -> Result<(f64, ProcessUsage)> {
     let started = Instant::now();
-    sandbox.run_process().await?;
+    let process = MeasuredBridge::start(sandbox).await?;
     let ready_s = started.elapsed().as_secs_f64();
-    let usage = sandbox
-        .process()
-        .context("the bridge runs as a process")?
-        .usage()?;
-    sandbox.stop_bridge().await?;
+    let usage = process.usage()?;
+    process.stop().await?;
     Ok((ready_s, usage))
 }
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
-    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-tombstones").await?;
-    let (empty_s, empty) = start_and_read(&mut sandbox).await?;
+    let sandbox =
+        Sandbox::declare(base, "delay-bridge-bench-tombstones", TargetBinding::Fanout).await?;
+    let (empty_s, empty) = start_and_read(&sandbox).await?;
 
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let stream = sandbox.config.names.cancel_stream();
@@ -58,7 +57,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     .await?;
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
 
-    let (full_s, full) = start_and_read(&mut sandbox).await?;
+    let (full_s, full) = start_and_read(&sandbox).await?;
     sandbox.finish().await?;
 
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);

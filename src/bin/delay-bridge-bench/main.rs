@@ -1,12 +1,13 @@
-//! `delay-bridge bench <scenario>`: measurements against the real broker. Every broker
+//! `delay-bridge-bench <scenario>`: measurements against the real broker, built with
+//! `--features bench` beside the `delay-bridge` executable it measures. Every broker
 //! scenario first measures the broker's own ceiling (`baseline`) in the same run, with the
 //! same publisher and consumer, and prints its figures as ratios of it. Each scenario
 //! prints a human table and then one JSON object (the last line of its output); each
 //! target of the performance table (README) is printed as PASS or MISS next to its figure.
 //!
 //! The bridge under test runs as users run it: `steady`, `burst`, `hop` and `pending` start
-//! this executable's `run` command as a child process (so its RSS and CPU time are its
-//! own); `cancel-horizon` runs the library's `Bridge::run` in process.
+//! `delay-bridge run` as a child process ([`measured_bridge`], so its RSS and CPU time are
+//! its own); `cancel-horizon` runs the library's `Bridge::run` in process.
 
 mod baseline;
 mod broker_memory;
@@ -15,15 +16,55 @@ mod cancel_horizon;
 mod hop;
 mod ladder;
 mod load;
+mod measured_bridge;
 mod pending;
 mod steady;
 mod tombstones;
 
-use anyhow::Result;
-use clap::Subcommand;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
 use delay_bridge::config::Config;
+
+/// Benchmarks of delay-bridge against a real broker, each on a throw-away topology; every
+/// report says how the bridge under test ran and prints its own baseline.
+#[derive(Debug, Parser)]
+#[command(name = "delay-bridge-bench", version)]
+struct Cli {
+    /// The configuration file (TOML): the broker, the ladder, the margin and the prefetch
+    /// of the bridge under test (its prefix and routes are the benchmark's own).
+    #[arg(
+        short,
+        long,
+        env = "DELAY_BRIDGE_CONFIG",
+        default_value = "config/delay-bridge.toml"
+    )]
+    config: PathBuf,
+
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = Config::load(&cli.config)
+        .with_context(|| format!("invalid configuration {}", cli.config.display()))?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run(&config, &cli.scenario))
+}
 
 /// The scenarios.
 #[derive(Debug, Subcommand)]
@@ -55,7 +96,7 @@ pub enum Scenario {
 }
 
 /// Runs one scenario against the configured broker.
-pub async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
+async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
     match scenario {
         Scenario::Baseline(args) => baseline::run(base, args).await,
         Scenario::Steady(args) => steady::run(base, args).await,
@@ -66,15 +107,6 @@ pub async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
     }
-}
-
-/// The value at quantile `q` (0..=1) of sorted samples.
-pub fn quantile(sorted: &[i64], q: f64) -> Option<i64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    Some(sorted[i])
 }
 
 /// A latency distribution, µs.
@@ -97,16 +129,28 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// The distribution of sorted samples (`None` when there are none).
-    pub fn of(sorted: &[i64]) -> Option<Self> {
+    /// The distribution of samples (`None` when there are none), through a histogram
+    /// with three significant digits. Samples may be negative (early arrivals): the
+    /// histogram holds each one's distance from the smallest.
+    pub fn of(samples: &[i64]) -> Option<Self> {
+        let min = *samples.iter().min()?;
+        let max = *samples.iter().max()?;
+        let mut histogram = hdrhistogram::Histogram::<u64>::new(3).ok()?;
+        for sample in samples {
+            histogram.record(sample.abs_diff(min)).ok()?;
+        }
+        let at = |q: f64| {
+            min.saturating_add(histogram.value_at_quantile(q) as i64)
+                .min(max)
+        };
         Some(Self {
-            count: sorted.len(),
-            min: *sorted.first()?,
-            p50: quantile(sorted, 0.5)?,
-            p90: quantile(sorted, 0.9)?,
-            p99: quantile(sorted, 0.99)?,
-            p999: quantile(sorted, 0.999)?,
-            max: *sorted.last()?,
+            count: samples.len(),
+            min,
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            p999: at(0.999),
+            max,
         })
     }
 
@@ -195,7 +239,7 @@ pub fn targets_json(targets: &[Target]) -> Value {
 
 /// How the bridge under test runs, for the report.
 pub fn bridge_description() -> String {
-    let exe = std::env::current_exe()
+    let exe = measured_bridge::bridge_executable()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "delay-bridge".into());
     let build = if cfg!(debug_assertions) {
@@ -218,21 +262,21 @@ pub struct MachineCpu {
 impl MachineCpu {
     /// Reads the counters now (zeros where `/proc/stat` is unreadable).
     pub fn now() -> Self {
-        let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let ticks: Vec<u64> = text
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        let total: u64 = ticks.iter().sum();
-        // idle and iowait are the 4th and 5th columns.
-        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        use procfs::CurrentSI;
+        let Ok(stat) = procfs::KernelStats::current() else {
+            return Self { busy: 0, total: 0 };
+        };
+        let cpu = stat.total;
+        let idle = cpu.idle + cpu.iowait.unwrap_or(0);
+        let busy = cpu.user
+            + cpu.nice
+            + cpu.system
+            + cpu.irq.unwrap_or(0)
+            + cpu.softirq.unwrap_or(0)
+            + cpu.steal.unwrap_or(0);
         Self {
-            busy: total - idle,
-            total,
+            busy,
+            total: busy + idle,
         }
     }
 

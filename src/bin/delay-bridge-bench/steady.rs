@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::json;
 
 use delay_bridge::amqp;
@@ -15,8 +15,9 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
-use crate::sandbox::Sandbox;
-use crate::sandbox::process::UsageSpan;
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
+
+use crate::measured_bridge::{MeasuredBridge, UsageSpan};
 
 /// `bench steady` options.
 #[derive(Debug, clap::Args)]
@@ -58,8 +59,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         .baseline
         .measure(base, args.body_size, args.rate)
         .await?;
-    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-steady").await?;
-    let measured = measure(&mut sandbox, args, count, min, max).await;
+    let sandbox =
+        Sandbox::declare(base, "delay-bridge-bench-steady", TargetBinding::Fanout).await?;
+    let measured = measure(&sandbox, args, count, min, max).await;
     sandbox.finish().await?;
     let m = measured?;
 
@@ -155,16 +157,13 @@ struct Measured {
 }
 
 async fn measure(
-    sandbox: &mut Sandbox,
+    sandbox: &Sandbox,
     args: &Args,
     count: u64,
     min: Duration,
     max: Duration,
 ) -> Result<Measured> {
-    sandbox.run_process().await?;
-    let process = sandbox
-        .process()
-        .context("the bridge runs in a child process")?;
+    let process = MeasuredBridge::start(sandbox).await?;
     let start = process.usage()?;
     let machine = super::MachineCpu::now();
     let started = tokio::time::Instant::now();
@@ -182,6 +181,7 @@ async fn measure(
     let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
+    process.stop().await?;
     let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::json;
 
 use delay_bridge::amqp;
@@ -14,8 +14,9 @@ use delay_bridge::config::Config;
 use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, print_targets, targets_json};
-use crate::sandbox::Sandbox;
-use crate::sandbox::process::UsageSpan;
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
+
+use crate::measured_bridge::{MeasuredBridge, UsageSpan};
 
 /// `bench burst` options.
 #[derive(Debug, clap::Args)]
@@ -36,10 +37,10 @@ const DRAIN_RATIO_TARGET: f64 = 0.6;
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let count = args.count.max(1);
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
-    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-burst").await?;
+    let sandbox = Sandbox::declare(base, "delay-bridge-bench-burst", TargetBinding::Fanout).await?;
     // Due far enough ahead that publishing (at the baseline's pace, with slack) ends first.
     let lead = Duration::from_secs(3) + Duration::from_secs_f64(3.0 * count as f64 / baseline.rate);
-    let measured = measure(&mut sandbox, args, count, lead).await;
+    let measured = measure(&sandbox, args, count, lead).await;
     sandbox.finish().await?;
     let m = measured?;
 
@@ -129,16 +130,8 @@ struct Measured {
     bridge: UsageSpan,
 }
 
-async fn measure(
-    sandbox: &mut Sandbox,
-    args: &Args,
-    count: u64,
-    lead: Duration,
-) -> Result<Measured> {
-    sandbox.run_process().await?;
-    let process = sandbox
-        .process()
-        .context("the bridge runs in a child process")?;
+async fn measure(sandbox: &Sandbox, args: &Args, count: u64, lead: Duration) -> Result<Measured> {
+    let process = MeasuredBridge::start(sandbox).await?;
     let start = process.usage()?;
     let machine = super::MachineCpu::now();
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
@@ -162,6 +155,7 @@ async fn measure(
         + Duration::from_millis(count / 100);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
+    process.stop().await?;
     let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
     Ok(Measured {

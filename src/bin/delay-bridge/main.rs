@@ -12,10 +12,7 @@ use delay_bridge::config::{Config, RawConfig, defaults};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
-#[cfg(feature = "bench")]
-mod bench;
 mod demo;
-mod sandbox;
 mod schedule_cmd;
 
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
@@ -73,11 +70,6 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
-    /// Measure against the configured broker on a throw-away topology (each report says how the
-    /// bridge under test ran). Built with `--features bench`.
-    #[cfg(feature = "bench")]
-    #[command(subcommand)]
-    Bench(bench::Scenario),
     /// Schedule one message through the bridge (waits for the broker's confirm).
     Schedule {
         /// The message id (the handle to cancel or reschedule it); default: a new UUID.
@@ -158,8 +150,6 @@ fn main() -> Result<()> {
     // The demo prints its own story; the bridge's logs would interleave with it.
     let default_filter = match cli.command {
         Command::Demo => "warn",
-        #[cfg(feature = "bench")]
-        Command::Bench(_) => "warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -182,11 +172,6 @@ fn main() -> Result<()> {
             margin,
         } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
         Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
-        #[cfg(feature = "bench")]
-        Command::Bench(scenario) => {
-            let config = load(&cli)?;
-            runtime()?.block_on(bench::run(&config, scenario))
-        }
         Command::Schedule { message_id, args } => {
             let config = load(&cli)?;
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))

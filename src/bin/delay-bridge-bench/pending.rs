@@ -17,8 +17,9 @@ use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
-use crate::sandbox::process::ProcessUsage;
-use crate::sandbox::{Sandbox, queue_counts};
+use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
+
+use crate::measured_bridge::{MeasuredBridge, ProcessUsage};
 
 /// `bench pending` options.
 #[derive(Debug, clap::Args)]
@@ -88,8 +89,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         steps.insert(0, args.checkpoint);
     }
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
-    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-pending").await?;
-    let measured = measure(&mut sandbox, args, &ctl, &steps, delay).await;
+    let sandbox =
+        Sandbox::declare(base, "delay-bridge-bench-pending", TargetBinding::Fanout).await?;
+    let measured = measure(&sandbox, args, &ctl, &steps, delay).await;
     println!("deleting the benchmark's queues ({count} messages)...");
     sandbox.finish().await?;
     let readings = measured?;
@@ -98,15 +100,14 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 }
 
 async fn measure(
-    sandbox: &mut Sandbox,
+    sandbox: &Sandbox,
     args: &Args,
     ctl: &Ctl,
     steps: &[u64],
     delay: Duration,
 ) -> Result<Vec<Reading>> {
-    sandbox.run_process().await?;
-    let sandbox = &*sandbox;
-    let mut readings = vec![read(sandbox, ctl, 0, 0.0).await?];
+    let process = MeasuredBridge::start(sandbox).await?;
+    let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0).await?];
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let work_queue = sandbox.config.names.work_queue();
     let mut published = 0u64;
@@ -137,16 +138,20 @@ async fn measure(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let seconds = started.elapsed().as_secs_f64();
-        readings.push(read(sandbox, ctl, step, seconds).await?);
+        readings.push(read(sandbox, &process, ctl, step, seconds).await?);
         eprintln!("  {step} pending after {seconds:.1} s");
     }
+    process.stop().await?;
     Ok(readings)
 }
 
-async fn read(sandbox: &Sandbox, ctl: &Ctl, pending: u64, seconds: f64) -> Result<Reading> {
-    let process = sandbox
-        .process()
-        .context("the bridge runs in a child process")?;
+async fn read(
+    sandbox: &Sandbox,
+    process: &MeasuredBridge,
+    ctl: &Ctl,
+    pending: u64,
+    seconds: f64,
+) -> Result<Reading> {
     let prefix = format!("{}.", sandbox.config.names.prefix());
     Ok(Reading {
         pending,

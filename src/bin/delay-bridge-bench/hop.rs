@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::json;
 
 use delay_bridge::amqp;
@@ -18,8 +18,9 @@ use delay_bridge::plan::{Step, next_step};
 use super::baseline::BaselineArgs;
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
-use crate::sandbox::process::UsageSpan;
-use crate::sandbox::{Sandbox, queue_counts};
+use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
+
+use crate::measured_bridge::{MeasuredBridge, UsageSpan};
 
 /// `bench hop` options.
 #[derive(Debug, clap::Args)]
@@ -44,8 +45,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     }
     let count = args.count.max(1);
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
-    let mut sandbox = Sandbox::declare(base, "delay-bridge-bench-hop").await?;
-    let measured = measure(&mut sandbox, args, count, delay).await;
+    let sandbox = Sandbox::declare(base, "delay-bridge-bench-hop", TargetBinding::Fanout).await?;
+    let measured = measure(&sandbox, args, count, delay).await;
     sandbox.finish().await?;
     let m = measured?;
 
@@ -105,12 +106,7 @@ struct Measured {
     bridge: UsageSpan,
 }
 
-async fn measure(
-    sandbox: &mut Sandbox,
-    args: &Args,
-    count: u64,
-    delay: Duration,
-) -> Result<Measured> {
+async fn measure(sandbox: &Sandbox, args: &Args, count: u64, delay: Duration) -> Result<Measured> {
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let due_ms = now_ms() + delay.as_millis() as u64;
     let ingress = sandbox.ingress.clone();
@@ -137,11 +133,8 @@ async fn measure(
         .collect();
     let levels: Vec<String> = levels.into_iter().collect();
 
-    sandbox.run_process().await?;
+    let process = MeasuredBridge::start(sandbox).await?;
     let started = tokio::time::Instant::now();
-    let process = sandbox
-        .process()
-        .context("the bridge runs in a child process")?;
     let ready = process.usage()?;
     let deadline = started + Duration::from_secs(60) + Duration::from_millis(count);
     loop {
@@ -156,6 +149,7 @@ async fn measure(
     let seconds = started.elapsed().as_secs_f64();
     let end = process.usage()?;
     let in_levels = sandbox.pending_in_levels().await?;
+    process.stop().await?;
     Ok(Measured {
         seconds,
         levels,

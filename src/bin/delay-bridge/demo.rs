@@ -15,7 +15,7 @@ use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
 use delay_bridge::plan::{hop_count, plan};
 
-use crate::sandbox::Sandbox;
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 /// The delays the demo publishes, in publish order (ms): the 10 s one first.
 const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
@@ -30,7 +30,7 @@ pub async fn run_demo(base: &Config) -> Result<()> {
         format_duration(base.ladder.largest()),
         format_duration(base.margin),
     );
-    let sandbox = Sandbox::start(base, "delay-bridge-demo").await?;
+    let sandbox = Sandbox::start(base, "delay-bridge-demo", TargetBinding::Fanout).await?;
     let prefix = sandbox.config.names.prefix().to_string();
     println!(
         "bridge running; publishing to exchange `{}` with plain AMQP and x-delay:",

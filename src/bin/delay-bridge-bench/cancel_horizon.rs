@@ -24,8 +24,7 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
-use super::quantile;
-use crate::sandbox::Sandbox;
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 /// `bench cancel-horizon` options.
 #[derive(Debug, clap::Args)]
@@ -57,7 +56,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         .map(|l| parse_duration(l).map_err(|e| anyhow::anyhow!("--leads {l:?}: {e}")))
         .collect::<Result<_>>()?;
     let first = parse_duration(&args.delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
-    let bench = Sandbox::start(base, "delay-bridge-bench-cancel").await?;
+    let bench = Sandbox::start(base, "delay-bridge-bench-cancel", TargetBinding::Fanout).await?;
     let samples = measure(&bench, &leads, args.count, first).await;
     let stats = bench
         .stats()
@@ -181,7 +180,7 @@ fn report(samples: &[Sample], (dropped, delivered): (u64, u64), base: &Config) {
         let mut leads: Vec<i64> = row.iter().map(|s| s.confirmed_lead_ms).collect();
         leads.sort();
         let lost = row.iter().filter(|s| s.lost).count();
-        let p50 = quantile(&leads, 0.5).unwrap_or(0);
+        let p50 = super::Spread::of(&leads).map_or(0, |spread| spread.p50);
         let min = leads.first().copied().unwrap_or(0);
         println!(
             "{lead:>8}ms  {:>8}  {lost:>5}  {p50:>15} / {min:>4} ms",

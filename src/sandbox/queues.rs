@@ -1,0 +1,98 @@
+//! Queue counts by passive declare: how many messages wait where, who consumes.
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+
+use super::{Sandbox, SandboxError};
+
+/// A queue's ready messages and consumers, from a passive declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Messages ready for delivery (not counting unacknowledged ones).
+    pub messages: u64,
+    /// Consumers attached.
+    pub consumers: u64,
+}
+
+/// Counts of an existing queue (an error if it does not exist).
+pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts, SandboxError> {
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(SandboxError::broker("opening a channel"))?;
+    let counts = counts_on(&channel, queue).await;
+    let _ = channel.close(200, "counted".into()).await;
+    counts
+}
+
+/// Counts of an existing queue by a passive declare on `channel` (which a missing queue
+/// closes).
+async fn counts_on(channel: &Channel, queue: &str) -> Result<QueueCounts, SandboxError> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(SandboxError::broker(format!("counting {queue}")))?;
+    Ok(QueueCounts {
+        messages: u64::from(declared.message_count()),
+        consumers: u64::from(declared.consumer_count()),
+    })
+}
+
+impl Sandbox {
+    /// Counts of one queue now.
+    pub async fn counts(&self, queue: &str) -> Result<QueueCounts, SandboxError> {
+        queue_counts(&self.conn, queue).await
+    }
+
+    /// The queue names of the bridge's delay levels.
+    pub fn level_queues(&self) -> Vec<String> {
+        self.config
+            .ladder
+            .levels()
+            .iter()
+            .map(|level| self.config.names.level_queue(*level))
+            .collect()
+    }
+
+    /// Ready messages in all level queues together.
+    pub async fn pending_in_levels(&self) -> Result<u64, SandboxError> {
+        self.ready_in(&self.level_queues()).await
+    }
+
+    /// Ready messages in these queues together (one channel, one passive declare each).
+    pub async fn ready_in(&self, queues: &[String]) -> Result<u64, SandboxError> {
+        let channel = self.channel().await?;
+        let mut total = 0;
+        for queue in queues {
+            total += counts_on(&channel, queue).await?.messages;
+        }
+        let _ = channel.close(200, "counted".into()).await;
+        Ok(total)
+    }
+
+    /// Waits until the work queue has at least `n` consumers (bridges in process or in
+    /// child processes), checking every 20 ms.
+    pub async fn wait_for_consumers(&self, n: u64, within: Duration) -> Result<(), SandboxError> {
+        let work_queue = self.config.names.work_queue();
+        let deadline = tokio::time::Instant::now() + within;
+        while self.counts(&work_queue).await?.consumers < n {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SandboxError::ProcessState(format!(
+                    "{work_queue} did not have {n} consumers within {within:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
