@@ -23,8 +23,8 @@
 //! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
 //!
 //! AMQP edge:
-//! - [`amqp`]: connecting, and the one confirmed, mandatory publish ([`amqp::publisher`]),
-//!   which matches returns to their own publish and decides what a result means.
+//! - [`amqp`]: connecting; inside the crate, the one confirmed, mandatory publish, which
+//!   matches returns to their own publish and decides what a result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //!
 //! The service and its client:

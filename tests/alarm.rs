@@ -95,11 +95,7 @@ fn ids(got: &[Received]) -> Vec<usize> {
 
 #[tokio::test]
 async fn a_resource_alarm_stalls_deliveries_safely_and_sigterm_still_exits_in_time() {
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("alarm")
-    })
-    .await;
+    let mut w = World::without_bridge("alarm").await;
     let config = w.config_file(1000);
     let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
 

@@ -65,7 +65,7 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
     let props = with_delay(4_000).with_message_id("big".into());
     w.publish("rk.big", &vec![b'x'; BODY], props).await;
     wait_until("the message hopped into a level", 10 * SEC, || {
-        count(&stats.hops) >= 1
+        stats.snapshot().hops >= 1
     })
     .await;
     let limit = SizeLimit::lower_to(16 << 10);

@@ -1,10 +1,12 @@
 //! AMQP plumbing: connecting (password never shown), and the one confirmed publish path
 //! ([`publisher::Publisher`]).
 
-pub mod publisher;
+pub(crate) mod publisher;
 pub(crate) mod returns;
-pub mod targets;
+pub(crate) mod targets;
 pub(crate) mod verdict;
+
+pub use publisher::PublishError;
 
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -47,7 +49,7 @@ pub async fn confirm_channel(connection: &Connection) -> Result<Channel, lapin::
 
 /// What the broker said of a confirmed, mandatory publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Published {
+pub(crate) enum Published {
     /// Confirmed and routed to at least one queue.
     Routed,
     /// Confirmed but returned: no queue was bound for it (312 NO_ROUTE).
@@ -62,7 +64,7 @@ pub enum Published {
 }
 
 /// The AMQP reply code of a channel or connection error, if the broker sent one.
-pub fn reply_code(error: &lapin::Error) -> Option<u16> {
+pub(crate) fn reply_code(error: &lapin::Error) -> Option<u16> {
     match error.kind() {
         lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
         _ => None,
@@ -71,7 +73,7 @@ pub fn reply_code(error: &lapin::Error) -> Option<u16> {
 
 /// The broker's text when it refused a publish for its body size (406, "larger than
 /// configured max size"); the channel is closed.
-pub fn size_refusal(error: &lapin::Error) -> Option<String> {
+pub(crate) fn size_refusal(error: &lapin::Error) -> Option<String> {
     match error.kind() {
         lapin::ErrorKind::ProtocolError(amqp)
             if amqp.get_id() == 406 && amqp.get_message().as_str().contains("max size") =>

@@ -60,6 +60,7 @@ impl Publisher {
     }
 
     /// The channel's id.
+    #[cfg(test)]
     pub fn channel_id(&self) -> u16 {
         self.channel.id()
     }

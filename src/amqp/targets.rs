@@ -97,3 +97,47 @@ impl TargetChannels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
+    fn broker_url() -> String {
+        std::env::var("DELAY_BRIDGE_TEST_URL")
+            .unwrap_or_else(|_| crate::config::DEFAULT_URL.to_string())
+    }
+
+    /// A burst of deliveries to a target that has no channel yet opens one channel between
+    /// them, not one each: 3000 at once would exceed the broker's 2047 channels per
+    /// connection. (Needs the test broker, like the integration tests.)
+    #[tokio::test]
+    async fn concurrent_first_publishes_to_a_target_share_one_channel() {
+        let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
+        let connection = Arc::new(
+            crate::amqp::connect(&url, "targets unit test")
+                .await
+                .expect("the test broker answers (run scripts/broker.sh)"),
+        );
+        let targets = Arc::new(TargetChannels::new(
+            connection.clone(),
+            Duration::from_secs(30),
+        ));
+        let opens = (0..3000).map(|_| {
+            let targets = targets.clone();
+            tokio::spawn(async move { targets.get("amq.direct").await.map(|p| p.channel_id()) })
+        });
+        let ids = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(opens))
+            .await
+            .expect("3000 lookups within 30 s");
+        let mut distinct: Vec<u16> = ids
+            .into_iter()
+            .map(|joined| joined.expect("task").expect("a channel"))
+            .collect();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
+        targets.close_all().await;
+        let _ = connection.close(200, "done".into()).await;
+    }
+}

@@ -78,41 +78,60 @@ impl BridgeError {
     }
 }
 
-/// Counters of what the bridge did, for logs, the demo and tests.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Deliveries consumed from the work queue.
-    pub consumed: AtomicU64,
-    /// Hops published into level queues (confirmed).
-    pub hops: AtomicU64,
-    /// Messages published to their target (confirmed).
-    pub delivered: AtomicU64,
-    /// Messages parked (confirmed).
-    pub parked: AtomicU64,
-    /// Messages waiting on a hold timer now.
-    pub held: AtomicU64,
-    /// Deliveries given back to the broker unprocessed (shutdown or a failed session).
-    pub released: AtomicU64,
-    /// Publishes the broker refused (nack) and that were retried.
-    pub nacks: AtomicU64,
-    /// Sessions that ended with an error and were reconnected.
-    pub reconnects: AtomicU64,
-    /// Copies dropped because their message was cancelled.
-    pub cancelled: AtomicU64,
-    /// Live tombstones in memory now.
-    pub tombstones: AtomicU64,
-    /// Times the consumer was paused because unacked bodies went over
-    /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
-    pub pauses: AtomicU64,
-    /// The most body bytes of unacked deliveries held at once so far.
-    pub max_unacked_bytes_seen: AtomicU64,
+/// Declares [`Stats`] (the live counters, shared with the bridge's tasks) and [`Counts`] (a
+/// reading of them) from one list, so the two cannot drift apart.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Counters of what the bridge did, updated as it works; read them with
+        /// [`Stats::snapshot`].
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $($(#[$doc])* pub(crate) $name: AtomicU64,)*
+        }
+
+        /// What the bridge had done when [`Stats::snapshot`] was called.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct Counts {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// Every counter now (each read on its own, not as one atomic reading).
+            pub fn snapshot(&self) -> Counts {
+                Counts {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
 }
 
-impl Stats {
-    /// Reads a counter.
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
+counters! {
+    /// Deliveries consumed from the work queue.
+    consumed,
+    /// Hops published into level queues (confirmed).
+    hops,
+    /// Messages published to their target (confirmed).
+    delivered,
+    /// Messages parked (confirmed).
+    parked,
+    /// Messages waiting on a hold timer now.
+    held,
+    /// Deliveries given back to the broker unprocessed (shutdown or a failed session).
+    released,
+    /// Publishes the broker refused (nack) and that were retried.
+    nacks,
+    /// Sessions that ended with an error and were reconnected.
+    reconnects,
+    /// Copies dropped because their message was cancelled.
+    cancelled,
+    /// Live tombstones in memory now.
+    tombstones,
+    /// Times the consumer was paused because unacked bodies went over
+    /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
+    pauses,
+    /// The most body bytes of unacked deliveries held at once so far.
+    max_unacked_bytes_seen,
 }
 
 /// What every session and message task shares.

@@ -180,6 +180,7 @@ pub struct Sandbox {
     pub target_queue: String,
     bridge: Option<InProcessBridge>,
     extra_exchanges: Vec<String>,
+    extra_queues: Vec<String>,
     finished: bool,
 }
 
@@ -224,6 +225,7 @@ impl Sandbox {
             target_queue,
             bridge: None,
             extra_exchanges: Vec::new(),
+            extra_queues: Vec::new(),
             finished: false,
         };
         sandbox.declare_target(&binding).await?;
@@ -353,19 +355,25 @@ impl Sandbox {
         self.extra_exchanges.push(name.to_string());
     }
 
+    /// A queue the caller declared itself, for the sandbox to delete.
+    pub fn adopt_queue(&mut self, name: &str) {
+        self.extra_queues.push(name.to_string());
+    }
+
     /// Stops the bridge and deletes everything the sandbox declared.
     pub async fn finish(mut self) -> Result<(), SandboxError> {
         let stopped = self.stop_bridge().await;
         self.finished = true;
-        let deleted = delete_all(
-            &self.conn,
-            &self.config,
-            &[self.target_queue.clone()],
-            &self.exchanges(),
-        )
-        .await;
+        let deleted = delete_all(&self.conn, &self.config, &self.queues(), &self.exchanges()).await;
         let _ = self.conn.close(200, "done".into()).await;
         stopped.and(deleted)
+    }
+
+    /// The target queue and every extra one.
+    fn queues(&self) -> Vec<String> {
+        let mut queues = vec![self.target_queue.clone()];
+        queues.extend(self.extra_queues.iter().cloned());
+        queues
     }
 
     /// The target exchange and every extra one.
@@ -387,7 +395,7 @@ impl Drop for Sandbox {
             bridge.shutdown.cancel();
         }
         let config = self.config.clone();
-        let queues = [self.target_queue.clone()];
+        let queues = self.queues();
         let exchanges = self.exchanges();
         let _ = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()

@@ -47,10 +47,10 @@ async fn cancel_in_a_level_queue_drops_it_at_its_next_hop() {
         .await
         .unwrap();
     // Let it ride a few hops, then cancel while it sits in the level queue.
-    wait_until("two hops each", 5 * SEC, || count(&stats.hops) >= 4).await;
+    wait_until("two hops each", 5 * SEC, || stats.snapshot().hops >= 4).await;
     let cancelled = client.cancel("doomed").await.unwrap();
     wait_until("the copy is dropped", 5 * SEC, || {
-        count(&stats.cancelled) == 1
+        stats.snapshot().cancelled == 1
     })
     .await;
     let dropped_at = now_ms();
@@ -64,7 +64,7 @@ async fn cancel_in_a_level_queue_drops_it_at_its_next_hop() {
         "left the levels early instead of riding to the end"
     );
     only_sentinel_arrives(&mut w, 10 * SEC).await;
-    assert_eq!(count(&stats.cancelled), 1);
+    assert_eq!(stats.snapshot().cancelled, 1);
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -87,7 +87,10 @@ async fn cancel_during_the_final_hold_stops_the_delivery() {
         )
         .await
         .unwrap();
-    wait_until("the message is held", 5 * SEC, || count(&stats.held) == 1).await;
+    wait_until("the message is held", 5 * SEC, || {
+        stats.snapshot().held == 1
+    })
+    .await;
     client.cancel("held").await.unwrap();
     client
         .schedule(
@@ -97,8 +100,8 @@ async fn cancel_during_the_final_hold_stops_the_delivery() {
         .await
         .unwrap();
     only_sentinel_arrives(&mut w, 10 * SEC).await;
-    assert_eq!(count(&stats.cancelled), 1, "dropped before delivery");
-    assert_eq!(count(&stats.hops), 0, "it never left the hold");
+    assert_eq!(stats.snapshot().cancelled, 1, "dropped before delivery");
+    assert_eq!(stats.snapshot().hops, 0, "it never left the hold");
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -124,7 +127,7 @@ async fn cancelling_a_delivered_or_unknown_id_is_a_harmless_no_op() {
     assert_eq!(unknown.message_id, "never-scheduled");
     assert!(after_delivery.cancelled_at <= unknown.cancelled_at);
     wait_until("both tombstones read", 5 * SEC, || {
-        count(&stats.tombstones) == 2
+        stats.snapshot().tombstones == 2
     })
     .await;
     client
@@ -135,8 +138,8 @@ async fn cancelling_a_delivered_or_unknown_id_is_a_harmless_no_op() {
         .await
         .unwrap();
     only_sentinel_arrives(&mut w, 5 * SEC).await;
-    assert_eq!(count(&stats.cancelled), 0, "nothing was dropped");
-    assert_eq!(count(&stats.delivered), 2);
+    assert_eq!(stats.snapshot().cancelled, 0, "nothing was dropped");
+    assert_eq!(stats.snapshot().delivered, 2);
     // Invalid ids are refused before anything is published.
     let err = client.cancel("").await.unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
@@ -201,7 +204,7 @@ async fn reschedule_later_and_earlier_delivers_once_at_the_new_time() {
         );
     }
     assert_eq!(w.pending_in_queues().await, 0);
-    assert_eq!(count(&w.stats().cancelled), 2, "both old copies dropped");
+    assert_eq!(w.stats().snapshot().cancelled, 2, "both old copies dropped");
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -219,7 +222,7 @@ async fn a_cancel_made_while_no_bridge_runs_is_honoured_by_a_fresh_instance() {
         .schedule(msg(&w, "a", "a"), When::After(3 * SEC))
         .await
         .unwrap();
-    wait_until("first hop", 5 * SEC, || count(&w.stats().hops) >= 1).await;
+    wait_until("first hop", 5 * SEC, || w.stats().snapshot().hops >= 1).await;
     w.stop_bridge().await;
     // With no bridge running: cancel one in a level, and one never read by any bridge.
     client
@@ -235,12 +238,12 @@ async fn a_cancel_made_while_no_bridge_runs_is_honoured_by_a_fresh_instance() {
     w.start_bridge().await;
     let stats = w.stats();
     assert_eq!(
-        count(&stats.tombstones),
+        stats.snapshot().tombstones,
         2,
         "read from the stream before ready"
     );
     only_sentinel_arrives(&mut w, 10 * SEC).await;
-    assert_eq!(count(&stats.cancelled), 2);
+    assert_eq!(stats.snapshot().cancelled, 2);
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -279,11 +282,11 @@ async fn two_instances_both_honour_cancels() {
     want.sort();
     assert_eq!(ids, want, "exactly the uncancelled ones");
     wait_until("20 copies dropped", 5 * SEC, || {
-        count(&first.cancelled) + count(&second.cancelled) == 20
+        first.snapshot().cancelled + second.snapshot().cancelled == 20
     })
     .await;
     assert!(
-        count(&first.consumed) > 0 && count(&second.consumed) > 0,
+        first.snapshot().consumed > 0 && second.snapshot().consumed > 0,
         "both instances took work"
     );
     client
@@ -306,11 +309,11 @@ async fn two_instances_both_honour_cancels() {
 /// (epoch ms) it left memory.
 async fn tombstone_lifetime(stats: &Stats, cancelled_at: u64) -> u64 {
     wait_until("the tombstone is live", 5 * SEC, || {
-        count(&stats.tombstones) == 1
+        stats.snapshot().tombstones == 1
     })
     .await;
     wait_until("the tombstone leaves", 10 * SEC, || {
-        count(&stats.tombstones) == 0
+        stats.snapshot().tombstones == 0
     })
     .await;
     now_ms() - cancelled_at
@@ -336,7 +339,7 @@ async fn old_tombstones_leave_memory() {
     // A fresh instance reading the stream from the start does not load it again.
     w.stop_bridge().await;
     w.start_bridge().await;
-    assert_eq!(count(&w.stats().tombstones), 0);
+    assert_eq!(w.stats().snapshot().tombstones, 0);
     client.close().await.unwrap();
     w.cleanup().await;
 }
@@ -344,11 +347,7 @@ async fn old_tombstones_leave_memory() {
 #[tokio::test]
 async fn client_errors_are_typed_and_say_what_to_do() {
     use delay_bridge::client::{Client, ClientError};
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("client-errors")
-    })
-    .await;
+    let mut w = World::without_bridge("client-errors").await;
     let client = w.client().await;
     let missing = format!("{}.no-such-exchange", w.prefix());
     let err = client
@@ -502,7 +501,7 @@ async fn the_cli_schedules_reschedules_and_cancels() {
         "the old and the cancelled copies never arrived"
     );
     assert_eq!(w.pending_in_queues().await, 0);
-    assert_eq!(count(&w.stats().cancelled), 2);
+    assert_eq!(w.stats().snapshot().cancelled, 2);
     w.cleanup().await;
 }
 
@@ -545,7 +544,7 @@ async fn a_canceller_clock_ahead_does_not_cancel_a_later_reschedule() {
     )
     .await;
     wait_until("the tombstone is read", 5 * SEC, || {
-        count(&stats.tombstones) == 1
+        stats.snapshot().tombstones == 1
     })
     .await;
     let rescheduled = headers(vec![

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use delay_bridge::bridge::Stats;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 
@@ -68,7 +67,7 @@ async fn no_header_and_zero_delay_arrive_at_once() {
             got.at_ms - sent
         );
     }
-    assert_eq!(w.stats().hops.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(w.stats().snapshot().hops, 0);
     w.cleanup().await;
 }
 
@@ -175,9 +174,9 @@ async fn multi_hop_delivery_is_on_time_and_byte_identical() {
     }
     // 3 + 5 + 6 hops at least were made (1000: 3, 1450: 5, 2000: 6)
     assert!(
-        Stats::get(&w.stats().hops) >= 14,
+        w.stats().snapshot().hops >= 14,
         "hops {}",
-        Stats::get(&w.stats().hops)
+        w.stats().snapshot().hops
     );
     w.cleanup().await;
 }
@@ -199,7 +198,7 @@ async fn expiration_does_not_cut_the_delay_and_user_id_does_not_break_the_hop() 
     assert!((0..300).contains(&late), "lateness {late} ms");
     assert_eq!(m.properties.expiration(), &Some("60000".into()));
     assert_eq!(m.properties.user_id(), &Some("guest".into()));
-    assert!(Stats::get(&w.stats().hops) >= 1);
+    assert!(w.stats().snapshot().hops >= 1);
     w.cleanup().await;
 }
 
@@ -300,31 +299,25 @@ async fn unroutable_and_missing_targets_are_parked_and_the_next_message_is_deliv
     w.publish("rk.after", b"ok", with_delay(150)).await;
     let m = w.recv_within(5 * SEC).await;
     assert_eq!(m.body, b"ok");
-    assert_eq!(Stats::get(&w.stats().reconnects), 0, "no session was lost");
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.cleanup().await;
 }
 
 #[tokio::test]
 async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_values() {
-    let w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("mismatch")
-    })
-    .await;
+    let mut w = World::without_bridge("mismatch").await;
     // Redeclare one level with another TTL under a different config.
     let mut config = w.config.clone();
     config.ladder =
         delay_bridge::ladder::Ladder::parse("100ms 250ms 400ms 800ms").expect("a ladder");
     // Pre-create the 250ms queue with the wrong TTL.
+    let wrong = config.names.level_queue(Duration::from_millis(250));
+    w.adopt_queue(&wrong);
     let ch = w.conn.create_channel().await.unwrap();
     let mut args = FieldTable::default();
     args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(999));
     ch.queue_declare(
-        config
-            .names
-            .level_queue(Duration::from_millis(250))
-            .as_str()
-            .into(),
+        wrong.as_str().into(),
         lapin::options::QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -350,17 +343,5 @@ async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_va
     ] {
         assert!(message.contains(&part), "`{part}` missing from: {message}");
     }
-    let conn = connect().await;
-    let ch = conn.create_channel().await.unwrap();
-    let _ = ch
-        .queue_delete(
-            config
-                .names
-                .level_queue(Duration::from_millis(250))
-                .as_str()
-                .into(),
-            Default::default(),
-        )
-        .await;
     w.cleanup().await;
 }

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use delay_bridge::bridge::Stats;
-
 use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -49,11 +47,7 @@ fn count_ids(got: &[Received], n: usize) -> (usize, usize) {
 async fn sigkill_mid_flight_loses_nothing() {
     const N: usize = 2_000;
     const PREFETCH: u32 = 1_000;
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("crash")
-    })
-    .await;
+    let mut w = World::without_bridge("crash").await;
     let path = w.config_file(PREFETCH);
     let first = spawn_process(&path);
     wait_for_consumers(&w, 1, 20 * SEC).await;
@@ -88,11 +82,7 @@ async fn sigkill_mid_flight_loses_nothing() {
 #[tokio::test]
 async fn two_bridge_processes_share_the_work_without_duplicates() {
     const N: usize = 600;
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("two")
-    })
-    .await;
+    let mut w = World::without_bridge("two").await;
     let path = w.config_file(500);
     let a = spawn_process(&path);
     let b = spawn_process(&path);
@@ -153,7 +143,7 @@ async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
     println!("reconnect: {distinct}/{N} delivered, {dups} duplicates");
     assert_eq!(distinct, N);
     assert!(dups <= 4_000, "duplicates bounded by prefetch");
-    assert!(Stats::get(&w.stats().reconnects) >= 1);
+    assert!(w.stats().snapshot().reconnects >= 1);
     w.cleanup().await;
 }
 
@@ -171,65 +161,28 @@ async fn quorum_mode_delivers_through_quorum_levels() {
     let late = m.at_ms as i64 - (sent as i64 + 1_200);
     assert!((0..300).contains(&late), "lateness {late} ms");
     assert_eq!(m.body, b"q");
-    assert!(Stats::get(&w.stats().hops) >= 3);
+    assert!(w.stats().snapshot().hops >= 3);
     w.cleanup().await;
-}
-
-/// A burst of deliveries to a target that has no channel yet opens one channel between them,
-/// not one each: 3000 at once would exceed the broker's 2047 channels per connection.
-#[tokio::test]
-async fn concurrent_first_publishes_to_a_target_share_one_channel() {
-    use delay_bridge::amqp::targets::TargetChannels;
-    let connection = std::sync::Arc::new(connect().await);
-    let targets = std::sync::Arc::new(TargetChannels::new(connection.clone(), 30 * SEC));
-    let opens = (0..3000).map(|_| {
-        let targets = targets.clone();
-        tokio::spawn(async move { targets.get("amq.direct").await.map(|p| p.channel_id()) })
-    });
-    let ids = tokio::time::timeout(30 * SEC, futures::future::join_all(opens))
-        .await
-        .expect("3000 lookups within 30 s");
-    let mut distinct: Vec<u16> = ids
-        .into_iter()
-        .map(|joined| joined.expect("task").expect("a channel"))
-        .collect();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
-    targets.close_all().await;
-    let _ = connection.close(200, "done".into()).await;
 }
 
 /// With several brokers configured, the bridge moves past one that refuses connections (the
 /// first, here: nothing listens on its port) and serves through the next.
 #[tokio::test]
 async fn a_bridge_with_several_brokers_moves_past_one_that_is_down() {
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("urls")
-    })
-    .await;
+    let mut w = World::without_bridge("urls").await;
     let mut config = w.config.clone();
     let down = delay_bridge::config::BrokerUrl::parse("amqp://guest:guest@127.0.0.1:1/%2f")
         .expect("a URL");
     config.urls = vec![down, config.url().clone()];
-    let bridge = delay_bridge::bridge::Bridge::new(config);
-    let stats = bridge.stats();
-    let mut ready = bridge.ready();
-    let token = tokio_util::sync::CancellationToken::new();
-    let run = token.clone();
-    let handle = tokio::spawn(async move { bridge.run(run).await });
-    tokio::time::timeout(20 * SEC, ready.wait_for(|r| *r))
+    let bridge = InProcessBridge::start(config)
         .await
-        .expect("ready through the second broker within 20 s")
-        .unwrap();
+        .expect("ready through the second broker");
     assert!(
-        Stats::get(&stats.reconnects) >= 1,
+        bridge.stats().snapshot().reconnects >= 1,
         "the first broker was tried"
     );
     w.publish("rk.urls", b"through-2", with_delay(200)).await;
     assert_eq!(w.recv_within(5 * SEC).await.body, b"through-2");
-    token.cancel();
-    handle.await.unwrap().unwrap();
+    bridge.stop().await.expect("the bridge stops cleanly");
     w.cleanup().await;
 }

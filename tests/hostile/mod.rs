@@ -4,8 +4,6 @@ use std::time::{Duration, Instant};
 
 use delay_bridge::config::Route;
 use lapin::ExchangeKind;
-use lapin::options::{QueueBindOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
 
 use crate::support::raw::{deep_headers, publish_raw};
 use crate::support::*;
@@ -21,11 +19,7 @@ const SEC: Duration = Duration::from_secs(1);
 /// counted.
 #[tokio::test]
 async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lost() {
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("deep")
-    })
-    .await;
+    let mut w = World::without_bridge("deep").await;
     let deep_in = format!("{}.deep-in", w.prefix());
     let deep_out = format!("{}.deep-out", w.prefix());
     let deep_queue = format!("{deep_out}.q");
@@ -37,17 +31,7 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     })
     .await
     .unwrap();
-    let ch = w.conn.create_channel().await.unwrap();
-    declare_queue(&ch, &deep_queue).await;
-    ch.queue_bind(
-        deep_queue.as_str().into(),
-        deep_out.as_str().into(),
-        "".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    w.declare_bound_queue(&deep_queue, &deep_out, "").await;
     let config = w.config_file(100);
     let mut bridge = spawn_process(&config);
     wait_for_consumers(&w, 1, 20 * SEC).await;
@@ -77,9 +61,6 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     }
     assert!(bridge.exited().unwrap().is_none(), "the bridge is alive");
     assert!(bridge.terminate(20 * SEC).await.unwrap().success());
-    let _ = ch
-        .queue_delete(deep_queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
     w.cleanup().await;
 }
 
@@ -113,7 +94,7 @@ async fn headers_the_bridge_state_would_push_past_the_frame_size_are_parked_too_
     assert!(detail.len() > 20, "a detail: {detail}");
     let after = w.recv_within(10 * SEC).await;
     assert_eq!(after.body, b"after");
-    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.cleanup().await;
 }
 
@@ -153,7 +134,7 @@ async fn large_bodies_are_held_within_the_byte_budget() {
     ids.dedup();
     assert_eq!(ids.len(), N, "every message once");
     assert!(got.iter().all(|m| m.body.len() == BODY));
-    let most = count(&w.stats().max_unacked_bytes_seen);
+    let most = w.stats().snapshot().max_unacked_bytes_seen;
     println!("budget: at most {most} body bytes unacked (budget {BUDGET})");
     assert!(
         most <= BUDGET,

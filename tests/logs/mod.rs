@@ -40,11 +40,7 @@ impl Drop for TestUser {
 
 #[tokio::test]
 async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("logs")
-    })
-    .await;
+    let mut w = World::without_bridge("logs").await;
     let tag = format!("{:08x}", rand::random::<u32>());
     let (user, password) = (format!("logs-{tag}"), format!("pw-SECRET-{tag}"));
     let _user = TestUser::create(&user, &password);

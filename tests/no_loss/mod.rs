@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use delay_bridge::clock::now_ms;
 use lapin::BasicProperties;
-use lapin::options::{QueueBindOptions, QueueDeleteOptions};
+
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 
 use crate::support::*;
@@ -45,11 +45,7 @@ fn burst_properties(i: usize, deliver_at: u64) -> BasicProperties {
 async fn a_burst_with_unroutable_messages_parks_exactly_those_and_delivers_the_rest_once() {
     const N: usize = 20_000;
     // The bridge starts once all are published, so publishing runs at full speed.
-    let mut w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("burst-returns")
-    })
-    .await;
+    let mut w = World::without_bridge("burst-returns").await;
     let deliver_at = now_ms() + 12_000;
     let mut confirms = Vec::with_capacity(N);
     for i in 0..N {
@@ -158,16 +154,9 @@ async fn cc_on_a_hopping_message_reaches_no_queue_through_its_hops() {
     let copy = format!("{}.cc-copy", w.prefix());
     let ch = w.conn.create_channel().await.unwrap();
     declare_queue(&ch, &victim).await;
-    declare_queue(&ch, &copy).await;
-    ch.queue_bind(
-        copy.as_str().into(),
-        w.target.as_str().into(),
-        "cc.copy".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    w.adopt_queue(&victim);
+    let target = w.target.clone();
+    w.declare_bound_queue(&copy, &target, "cc.copy").await;
     let mut victim_rx = watch_queue(&w.conn, &victim).await;
     let mut copy_rx = watch_queue(&w.conn, &copy).await;
     let cc = AMQPValue::FieldArray(FieldArray::from(vec![text(&victim), text("cc.copy")]));
@@ -188,7 +177,7 @@ async fn cc_on_a_hopping_message_reaches_no_queue_through_its_hops() {
     assert_eq!(delivered.body, b"cc");
     assert_eq!(delivered.header("CC"), Some(&cc), "CC restored on delivery");
     assert_eq!(delivered.header("BCC"), None, "the broker removes BCC");
-    assert!(count(&w.stats().hops) >= 3, "it hopped");
+    assert!(w.stats().snapshot().hops >= 3, "it hopped");
     let copied = tokio::time::timeout(5 * SEC, copy_rx.recv())
         .await
         .expect("CC's routing key in the target exchange gets its copy")
@@ -199,10 +188,5 @@ async fn cc_on_a_hopping_message_reaches_no_queue_through_its_hops() {
     assert!(stray.is_err(), "a hop copied the message: {stray:?}");
     let stray = tokio::time::timeout(Duration::from_millis(200), copy_rx.recv()).await;
     assert!(stray.is_err(), "a second copy: {stray:?}");
-    for q in [&victim, &copy] {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
     w.cleanup().await;
 }

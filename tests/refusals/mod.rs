@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use lapin::options::{
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
 use crate::support::*;
@@ -76,7 +74,7 @@ async fn a_target_that_refuses_every_publish_parks_the_message_and_traffic_flows
         detail.contains("ACCESS_REFUSED") && detail.contains("internal"),
         "detail names the refusal: {detail}"
     );
-    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.assert_quiet(Duration::from_millis(300)).await;
     w.cleanup().await;
 }
@@ -100,6 +98,7 @@ async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_f
     ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
         .await
         .unwrap();
+    w.adopt_queue(&queue);
     ch.queue_bind(
         queue.as_str().into(),
         full.as_str().into(),
@@ -133,11 +132,8 @@ async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_f
         waited >= 1_150,
         "parked after {waited} ms, before the 1 s limit had passed"
     );
-    assert!(count(&w.stats().nacks) >= 2, "it was retried");
-    assert_eq!(count(&w.stats().reconnects), 0, "no session was lost");
-    let _ = ch
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
+    assert!(w.stats().snapshot().nacks >= 2, "it was retried");
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.cleanup().await;
 }
 
@@ -160,7 +156,7 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
     w.publish("rk.held", b"held", with_delay(7_000)).await;
     for seen in 1..=2u64 {
         wait_until("the message is held", 10 * SEC, || {
-            count(&stats.consumed) >= seen && count(&stats.held) >= 1
+            stats.snapshot().consumed >= seen && stats.snapshot().held >= 1
         })
         .await;
         let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
@@ -170,6 +166,6 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
     assert_eq!(parked.body, b"held");
     assert_eq!(reason(&parked), Some(&text("redelivery-limit")));
     w.assert_quiet(Duration::from_millis(300)).await;
-    assert_eq!(count(&stats.delivered), 0);
+    assert_eq!(stats.snapshot().delivered, 0);
     w.cleanup().await;
 }

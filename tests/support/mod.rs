@@ -18,13 +18,15 @@ use delay_bridge::config::{
     Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawRoute, RawTopology, Route,
 };
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
-use delay_bridge::sandbox::{InProcessBridge, Sandbox, TargetBinding};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::mpsc;
 
-pub use delay_bridge::sandbox::Received;
+pub use delay_bridge::sandbox::{InProcessBridge, Received};
 
 /// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
 pub fn broker_url() -> String {
@@ -171,6 +173,16 @@ pub fn raw_config(
 }
 
 impl World {
+    /// A world with the default setup whose bridge the test starts itself (in process or
+    /// as a child process).
+    pub async fn without_bridge(test: &str) -> World {
+        World::start(Setup {
+            start_bridge: false,
+            ..Setup::new(test)
+        })
+        .await
+    }
+
     pub async fn start(setup: Setup<'_>) -> World {
         let mut sandbox = Sandbox::declare(
             &setup.config(),
@@ -341,6 +353,24 @@ impl World {
             .expect("exchange declared");
     }
 
+    /// Declares a queue bound to `exchange` with `key`, deleted with the world.
+    pub async fn declare_bound_queue(&mut self, queue: &str, exchange: &str, key: &str) {
+        let channel = self.sandbox.channel().await.unwrap();
+        declare_queue(&channel, queue).await;
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "declared".into()).await;
+        self.adopt_queue(queue);
+    }
+
     /// Stops the bridge and deletes everything this test declared.
     pub async fn cleanup(self) {
         self.sandbox.finish().await.expect("the test cleans up");
@@ -410,11 +440,6 @@ pub async fn wait_until(what: &str, within: Duration, mut condition: impl FnMut(
         assert!(Instant::now() < deadline, "not within {within:?}: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// Reads a counter.
-pub fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    counter.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 pub fn headers(entries: Vec<(&str, AMQPValue)>) -> FieldTable {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use delay_bridge::bridge::Bridge;
 use delay_bridge::config::Config;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use tokio_util::sync::CancellationToken;
 
@@ -46,11 +46,7 @@ async fn run_bridge(config: Config) -> (CancellationToken, tokio::task::JoinHand
 /// delivers through that level on time.
 #[tokio::test]
 async fn queues_that_differ_only_in_storage_or_retention_are_used_as_they_are() {
-    let w = World::start(Setup {
-        start_bridge: false,
-        ..Setup::new("upgrade-args")
-    })
-    .await;
+    let mut w = World::without_bridge("upgrade-args").await;
     // The world declared the stream with a 366 d + 1 d retention; this config asks 366 d + 2 d.
     let config = config_with(&w, "100ms 200ms 400ms 800ms 2s", "2d");
     let old_level = config.names.level_queue(Duration::from_secs(2));
@@ -71,6 +67,7 @@ async fn queues_that_differ_only_in_storage_or_retention_are_used_as_they_are() 
     )
     .await
     .unwrap();
+    w.adopt_queue(&old_level);
     let (token, handle) = run_bridge(config).await;
     let mut w = w;
     let sent = w.publish("rk.upgrade", b"through", with_delay(2_600)).await;
@@ -80,9 +77,6 @@ async fn queues_that_differ_only_in_storage_or_retention_are_used_as_they_are() 
     assert!((0..500).contains(&late), "lateness {late} ms");
     token.cancel();
     handle.await.unwrap();
-    let _ = ch
-        .queue_delete(old_level.as_str().into(), QueueDeleteOptions::default())
-        .await;
     w.cleanup().await;
 }
 

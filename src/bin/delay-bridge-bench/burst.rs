@@ -13,7 +13,7 @@ use delay_bridge::config::Config;
 
 use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
-use super::{Spread, Target, bridge_description, mib, print_targets, targets_json};
+use super::{Spread, Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 use crate::measured_bridge::{MeasuredBridge, UsageSpan};
@@ -99,25 +99,18 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         ),
     ];
     print_targets(&targets);
-    println!(
-        "{}",
-        json!({
-            "scenario": "burst",
-            "bridge": bridge_description(),
-            "baseline": baseline.json(),
-            "count": count,
-            "received": m.arrivals.received, "missing": m.arrivals.missing(),
-            "duplicates": m.arrivals.duplicates,
-            "drain_s": drain_s, "drain_msg_per_s": drain_rate.round(),
-            "drain_ratio": (ratio * 1000.0).round() / 1000.0,
-            "lateness": spread.map(|s| s.json()),
-            "bridge_cpu_s": m.bridge.cpu.as_secs_f64(),
-            "bridge_rss_start_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
-            "bridge_peak_rss_bytes": m.bridge.peak_rss,
-            "machine_cpu_busy": m.machine_busy,
-            "targets": targets_json(&targets),
-        })
-    );
+    let report = json!({
+        "scenario": "burst",
+        "bridge": bridge_description(),
+        "baseline": baseline.json(),
+        "count": count,
+        "received": m.arrivals.received, "missing": m.arrivals.missing(),
+        "duplicates": m.arrivals.duplicates,
+        "drain_s": drain_s, "drain_msg_per_s": drain_rate.round(),
+        "drain_ratio": (ratio * 1000.0).round() / 1000.0,
+        "lateness": spread.map(|s| s.json()),
+    });
+    print_report(report, &targets, &m.bridge, "start", Some(&m.machine_busy));
     Ok(())
 }
 

@@ -13,18 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
-use lapin::options::BasicConsumeOptions;
-use lapin::types::FieldTable;
 use serde_json::json;
 
-use delay_bridge::bridge::Stats;
 use delay_bridge::client::{Client, Message, When};
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
-use delay_bridge::sandbox::{Sandbox, TargetBinding};
+use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
 /// `bench cancel-horizon` options.
 #[derive(Debug, clap::Args)]
@@ -61,7 +57,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let stats = bench
         .stats()
         .context("this bench runs the bridge in process")?;
-    let counters = (Stats::get(&stats.cancelled), Stats::get(&stats.delivered));
+    let counters = (stats.snapshot().cancelled, stats.snapshot().delivered);
     bench.finish().await?;
     report(&samples?, counters, base);
     Ok(())
@@ -75,18 +71,7 @@ async fn measure(
 ) -> Result<Vec<Sample>> {
     let client =
         Arc::new(Client::connect(bench.config.url().expose(), bench.config.names.prefix()).await?);
-    let channel = bench.conn.create_channel().await?;
-    let mut arrivals = channel
-        .basic_consume(
-            bench.target_queue.as_str().into(),
-            "bench".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let mut arrivals = watch_queue(&bench.conn, &bench.target_queue).await?;
     // Interleave the lead times so each sees the same conditions over the run.
     let start = now_ms() + first.as_millis() as u64;
     let plan: Vec<(String, u64, Duration)> = (0..count * leads.len())
@@ -136,17 +121,17 @@ async fn measure(
         .await?;
     let mut arrived = HashSet::new();
     loop {
-        let d = tokio::time::timeout(Duration::from_secs(30), arrivals.next())
+        let d = tokio::time::timeout(Duration::from_secs(30), arrivals.recv())
             .await
             .context("the sentinel did not arrive within 30 s")?
-            .context("consumer ended")??;
-        let id = String::from_utf8_lossy(&d.data).into_owned();
+            .context("consumer ended")?;
+        let id = String::from_utf8_lossy(&d.body).into_owned();
         if id == "sentinel" {
             break;
         }
         arrived.insert(id);
     }
-    let _ = channel.close(200, "done".into()).await;
+    drop(arrivals);
     if let Ok(c) = Arc::try_unwrap(client) {
         c.close().await?;
     }

@@ -17,7 +17,7 @@ use delay_bridge::plan::{Step, next_step};
 
 use super::baseline::BaselineArgs;
 use super::load::{due_at, publish};
-use super::{Target, bridge_description, mib, print_targets, targets_json};
+use super::{Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
 use crate::measured_bridge::{MeasuredBridge, UsageSpan};
@@ -80,21 +80,16 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         m.in_levels == count,
     )];
     print_targets(&targets);
-    println!(
-        "{}",
-        json!({
-            "scenario": "hop",
-            "bridge": bridge_description(),
-            "baseline": baseline.json(),
-            "count": count, "seconds": m.seconds,
-            "hops_per_s": rate.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
-            "bridge_cpu_us_per_hop": cpu_us.round(),
-            "bridge_rss_ready_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
-            "bridge_peak_rss_bytes": m.bridge.peak_rss,
-            "in_levels": m.in_levels,
-            "targets": targets_json(&targets),
-        })
-    );
+    let report = json!({
+        "scenario": "hop",
+        "bridge": bridge_description(),
+        "baseline": baseline.json(),
+        "count": count, "seconds": m.seconds,
+        "hops_per_s": rate.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
+        "bridge_cpu_us_per_hop": cpu_us.round(),
+        "in_levels": m.in_levels,
+    });
+    print_report(report, &targets, &m.bridge, "ready", None);
     Ok(())
 }
 

@@ -237,6 +237,25 @@ pub fn targets_json(targets: &[Target]) -> Value {
         .collect()
 }
 
+/// Completes a broker scenario's JSON report with what each of them reports (the targets,
+/// the bridge process's usage, how busy the machine was) and prints it as the last line.
+pub fn print_report(
+    mut report: Value,
+    targets: &[Target],
+    bridge: &measured_bridge::UsageSpan,
+    first_reading: &str,
+    machine_busy: Option<&str>,
+) {
+    bridge.add_to(&mut report, first_reading);
+    if let Some(object) = report.as_object_mut() {
+        object.insert("targets".into(), targets_json(targets));
+        if let Some(busy) = machine_busy {
+            object.insert("machine_cpu_busy".into(), json!(busy));
+        }
+    }
+    println!("{report}");
+}
+
 /// How the bridge under test runs, for the report.
 pub fn bridge_description() -> String {
     let exe = measured_bridge::bridge_executable()

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use serde_json::json;
 
 use delay_bridge::sandbox::Sandbox;
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
@@ -42,6 +43,23 @@ pub struct UsageSpan {
     pub rss_end: u64,
     /// The largest RSS up to the second reading, bytes.
     pub peak_rss: u64,
+}
+
+impl UsageSpan {
+    /// Adds the span to a JSON report: `bridge_cpu_s`, `bridge_rss_<start>_bytes` (the
+    /// first reading's name, for example `start` or `ready`), `bridge_rss_end_bytes` and
+    /// `bridge_peak_rss_bytes`.
+    pub fn add_to(&self, report: &mut serde_json::Value, start: &str) {
+        let fields = [
+            ("bridge_cpu_s".to_string(), json!(self.cpu.as_secs_f64())),
+            (format!("bridge_rss_{start}_bytes"), json!(self.rss_start)),
+            ("bridge_rss_end_bytes".to_string(), json!(self.rss_end)),
+            ("bridge_peak_rss_bytes".to_string(), json!(self.peak_rss)),
+        ];
+        if let Some(object) = report.as_object_mut() {
+            object.extend(fields);
+        }
+    }
 }
 
 impl ProcessUsage {

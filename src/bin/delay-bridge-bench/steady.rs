@@ -14,7 +14,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 
 use super::baseline::BaselineArgs;
 use super::load::{Collector, due_at, publish};
-use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
+use super::{Spread, Target, bridge_description, mib, ms, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 use crate::measured_bridge::{MeasuredBridge, UsageSpan};
@@ -124,25 +124,18 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         ),
     ];
     print_targets(&targets);
-    println!(
-        "{}",
-        json!({
-            "scenario": "steady",
-            "bridge": bridge_description(),
-            "baseline": baseline.json(),
-            "rate": args.rate, "seconds": args.seconds, "count": count,
-            "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
-            "achieved_rate": m.achieved_rate.round(),
-            "received": m.arrivals.received, "missing": m.arrivals.missing(),
-            "duplicates": m.arrivals.duplicates, "early": m.early,
-            "lateness": spread.map(|s| s.json()),
-            "bridge_cpu_s": m.bridge.cpu.as_secs_f64(),
-            "bridge_rss_start_bytes": m.bridge.rss_start, "bridge_rss_end_bytes": m.bridge.rss_end,
-            "bridge_peak_rss_bytes": m.bridge.peak_rss,
-            "machine_cpu_busy": m.machine_busy,
-            "targets": targets_json(&targets),
-        })
-    );
+    let report = json!({
+        "scenario": "steady",
+        "bridge": bridge_description(),
+        "baseline": baseline.json(),
+        "rate": args.rate, "seconds": args.seconds, "count": count,
+        "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
+        "achieved_rate": m.achieved_rate.round(),
+        "received": m.arrivals.received, "missing": m.arrivals.missing(),
+        "duplicates": m.arrivals.duplicates, "early": m.early,
+        "lateness": spread.map(|s| s.json()),
+    });
+    print_report(report, &targets, &m.bridge, "start", Some(&m.machine_busy));
     Ok(())
 }
 

@@ -4,18 +4,16 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
 use lapin::BasicProperties;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-use delay_bridge::bridge::Stats;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
 use delay_bridge::plan::{hop_count, plan};
 
-use delay_bridge::sandbox::{Sandbox, TargetBinding};
+use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
 /// The delays the demo publishes, in publish order (ms): the 10 s one first.
 const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
@@ -51,18 +49,7 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
             .stats()
             .context("the demo's bridge runs in process")?,
     );
-    let inbox = conn.create_channel().await?;
-    let mut consumer = inbox
-        .basic_consume(
-            sandbox.target_queue.as_str().into(),
-            "demo".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let mut arrivals = watch_queue(conn, &sandbox.target_queue).await?;
     let publisher = conn.create_channel().await?;
     publisher
         .confirm_select(ConfirmSelectOptions::default())
@@ -100,15 +87,12 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
     let mut order = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     while order.len() < DELAYS_MS.len() {
-        let next = tokio::time::timeout_at(deadline, consumer.next())
+        let delivery = tokio::time::timeout_at(deadline, arrivals.recv())
             .await
-            .context("not every demo message arrived within 40s")?;
-        let delivery = match next {
-            Some(Ok(d)) => d,
-            other => bail!("the demo consumer stopped: {other:?}"),
-        };
-        let arrived = now_ms();
-        let delay: u64 = String::from_utf8_lossy(&delivery.data).parse()?;
+            .context("not every demo message arrived within 40s")?
+            .context("the demo consumer stopped")?;
+        let arrived = delivery.at_ms;
+        let delay: u64 = String::from_utf8_lossy(&delivery.body).parse()?;
         let due_at = due
             .iter()
             .find(|(d, _)| *d == delay)
@@ -139,9 +123,9 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
     );
     println!(
         "bridge counters: {} hops, {} delivered, {} parked",
-        Stats::get(&stats.hops),
-        Stats::get(&stats.delivered),
-        Stats::get(&stats.parked)
+        stats.snapshot().hops,
+        stats.snapshot().delivered,
+        stats.snapshot().parked
     );
     if !order.windows(2).all(|w| w[0] <= w[1]) {
         bail!("messages arrived out of delay order: {order:?}");
