@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::ladder::{Ladder, LadderError, format_duration, parse_duration};
+use crate::ladder::{Ladder, LadderError, format_duration};
 use crate::naming::Names;
 
 /// Environment variable that overrides `broker.url`.
@@ -64,6 +64,30 @@ fn invalid(key: &str, value: impl fmt::Display, reason: impl Into<String>) -> Co
     }
 }
 
+/// Durations in the file: read by humantime (`250ms`, `1m30s`, `2h`, `366d`), written in
+/// the same units the ladder is printed in (`366d`, not `1year 18h`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    use crate::ladder::format_duration;
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, out: S) -> Result<S::Ok, S::Error> {
+        match value {
+            // Whole milliseconds print in days to milliseconds; finer ones as humantime does.
+            Some(d) if d.subsec_nanos().is_multiple_of(1_000_000) => {
+                out.serialize_str(&format_duration(*d))
+            }
+            _ => humantime_serde::serialize(value, out),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Option<Duration>, D::Error> {
+        humantime_serde::deserialize(input)
+    }
+}
+
 /// The file as written. Every section and key is optional; unknown keys are errors.
 #[allow(missing_docs)]
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -112,10 +136,18 @@ pub struct RawTopology {
 pub struct RawDelays {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ladder: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub margin: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_delay: Option<String>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub margin: Option<Duration>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_delay: Option<Duration>,
 }
 
 /// `[bridge]`
@@ -127,12 +159,24 @@ pub struct RawBridge {
     pub prefetch: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shutdown_timeout: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub confirm_timeout: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub target_full_timeout: Option<String>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub shutdown_timeout: Option<Duration>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub confirm_timeout: Option<Duration>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub target_full_timeout: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redelivery_limit: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -144,8 +188,12 @@ pub struct RawBridge {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCancel {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grace: Option<String>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub grace: Option<Duration>,
 }
 
 /// `[[route]]`
@@ -305,6 +353,8 @@ pub struct Config {
 
 /// Defaults, as documented in `config/delay-bridge.toml`.
 pub mod defaults {
+    use std::time::Duration;
+
     /// `topology.prefix`
     pub const PREFIX: &str = "delay-bridge";
     /// `topology.queue_type`
@@ -312,9 +362,9 @@ pub mod defaults {
     /// `delays.ladder`
     pub const LADDER: &str = "default";
     /// `delays.margin`
-    pub const MARGIN: &str = "250ms";
+    pub const MARGIN: Duration = Duration::from_millis(250);
     /// `delays.max_delay`
-    pub const MAX_DELAY: &str = "366d";
+    pub const MAX_DELAY: Duration = Duration::from_secs(366 * DAY);
     /// `bridge.prefetch`
     pub const PREFETCH: u32 = 4000;
     /// `bridge.worker_threads`
@@ -322,11 +372,11 @@ pub mod defaults {
     /// The most `bridge.worker_threads` accepted.
     pub const MAX_WORKER_THREADS: u32 = 64;
     /// `bridge.shutdown_timeout`
-    pub const SHUTDOWN_TIMEOUT: &str = "10s";
+    pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
     /// `bridge.confirm_timeout`
-    pub const CONFIRM_TIMEOUT: &str = "30s";
+    pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
     /// `bridge.target_full_timeout`
-    pub const TARGET_FULL_TIMEOUT: &str = "5m";
+    pub const TARGET_FULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
     /// `bridge.redelivery_limit`
     pub const REDELIVERY_LIMIT: u32 = 40;
     /// `bridge.redelivery_limit` must stay below the quorum work queue's own
@@ -335,7 +385,10 @@ pub mod defaults {
     /// `bridge.max_unacked_bytes` (256 MiB)
     pub const MAX_UNACKED_BYTES: u64 = 256 << 20;
     /// `cancel.grace`
-    pub const CANCEL_GRACE: &str = "1d";
+    pub const CANCEL_GRACE: Duration = Duration::from_secs(DAY);
+
+    /// Seconds in a day.
+    const DAY: u64 = 86_400;
 }
 
 impl Config {
@@ -385,17 +438,6 @@ pub fn env_overrides() -> Vec<(&'static str, String)> {
         .into_iter()
         .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
         .collect()
-}
-
-fn duration_key(key: &str, value: &Option<String>, default: &str) -> Result<Duration, ConfigError> {
-    let text = value.as_deref().unwrap_or(default);
-    parse_duration(text).map_err(|e| {
-        invalid(
-            key,
-            text,
-            format!("not a duration ({e}); write for example 250ms, 10s, 366d"),
-        )
-    })
 }
 
 /// A count between 1 and `max`, or `default` when unset; `why` explains the upper bound.
@@ -488,19 +530,15 @@ impl RawConfig {
             }
         };
         let ladder = Ladder::parse(self.delays.ladder.as_deref().unwrap_or(defaults::LADDER))?;
-        let margin = duration_key("delays.margin", &self.delays.margin, defaults::MARGIN)?;
-        if margin >= Duration::from_secs(60) || margin.subsec_nanos() % 1_000_000 != 0 {
+        let margin = self.delays.margin.unwrap_or(defaults::MARGIN);
+        if margin >= Duration::from_secs(60) || !margin.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(invalid(
                 "delays.margin",
                 format_duration(margin),
                 "must be whole milliseconds below 1 minute (holds last up to the smallest level plus the margin)",
             ));
         }
-        let max_delay = duration_key(
-            "delays.max_delay",
-            &self.delays.max_delay,
-            defaults::MAX_DELAY,
-        )?;
+        let max_delay = self.delays.max_delay.unwrap_or(defaults::MAX_DELAY);
         if max_delay < ladder.smallest() {
             return Err(invalid(
                 "delays.max_delay",
@@ -523,16 +561,14 @@ impl RawConfig {
             defaults::MAX_WORKER_THREADS,
             "",
         )?;
-        let shutdown_timeout = duration_key(
-            "bridge.shutdown_timeout",
-            &self.bridge.shutdown_timeout,
-            defaults::SHUTDOWN_TIMEOUT,
-        )?;
-        let confirm_timeout = duration_key(
-            "bridge.confirm_timeout",
-            &self.bridge.confirm_timeout,
-            defaults::CONFIRM_TIMEOUT,
-        )?;
+        let shutdown_timeout = self
+            .bridge
+            .shutdown_timeout
+            .unwrap_or(defaults::SHUTDOWN_TIMEOUT);
+        let confirm_timeout = self
+            .bridge
+            .confirm_timeout
+            .unwrap_or(defaults::CONFIRM_TIMEOUT);
         if confirm_timeout.is_zero() {
             return Err(invalid(
                 "bridge.confirm_timeout",
@@ -540,11 +576,10 @@ impl RawConfig {
                 "must be longer than zero",
             ));
         }
-        let target_full_timeout = duration_key(
-            "bridge.target_full_timeout",
-            &self.bridge.target_full_timeout,
-            defaults::TARGET_FULL_TIMEOUT,
-        )?;
+        let target_full_timeout = self
+            .bridge
+            .target_full_timeout
+            .unwrap_or(defaults::TARGET_FULL_TIMEOUT);
         let redelivery_limit = count_key(
             "bridge.redelivery_limit",
             self.bridge.redelivery_limit,
@@ -563,8 +598,7 @@ impl RawConfig {
                 "must be at least 1 (one delivery is always taken, whatever its size)",
             ));
         }
-        let cancel_grace =
-            duration_key("cancel.grace", &self.cancel.grace, defaults::CANCEL_GRACE)?;
+        let cancel_grace = self.cancel.grace.unwrap_or(defaults::CANCEL_GRACE);
         let names = Names::new(prefix);
         if names.longest_name_len(ladder.levels()) > 255 {
             return Err(invalid(
@@ -636,7 +670,6 @@ impl Config {
 
     /// The configuration as it would be written, every key explicit, the password redacted.
     pub fn to_raw(&self) -> RawConfig {
-        let duration = |d: Duration| Some(format_duration(d));
         RawConfig {
             broker: if self.urls.len() > 1 {
                 RawBroker {
@@ -655,20 +688,20 @@ impl Config {
             },
             delays: RawDelays {
                 ladder: Some(self.ladder.to_string()),
-                margin: duration(self.margin),
-                max_delay: duration(self.max_delay),
+                margin: Some(self.margin),
+                max_delay: Some(self.max_delay),
             },
             bridge: RawBridge {
                 prefetch: Some(u32::from(self.prefetch)),
                 worker_threads: Some(self.worker_threads as u32),
-                shutdown_timeout: duration(self.shutdown_timeout),
-                confirm_timeout: duration(self.confirm_timeout),
-                target_full_timeout: duration(self.target_full_timeout),
+                shutdown_timeout: Some(self.shutdown_timeout),
+                confirm_timeout: Some(self.confirm_timeout),
+                target_full_timeout: Some(self.target_full_timeout),
                 redelivery_limit: Some(self.redelivery_limit),
                 max_unacked_bytes: Some(self.max_unacked_bytes),
             },
             cancel: RawCancel {
-                grace: duration(self.cancel_grace),
+                grace: Some(self.cancel_grace),
             },
             routes: self
                 .routes
@@ -707,7 +740,7 @@ mod tests {
              [topology]\nprefix = \"p\"\nqueue_type = \"quorum\"\n\
              [delays]\nladder = \"1s 5s 1m30s\"\nmargin = \"120ms\"\nmax_delay = \"30d\"\n\
              [bridge]\nprefetch = 100\nworker_threads = 2\nshutdown_timeout = \"3s\"\n\
-             confirm_timeout = \"7s\"\ntarget_full_timeout = \"90s\"\n\
+             confirm_timeout = \"7s 500us\"\ntarget_full_timeout = \"90s\"\n\
              redelivery_limit = 7\nmax_unacked_bytes = 1048576\n\
              [cancel]\ngrace = \"2h\"\n{MINIMAL}\
              [[route]]\ningress = \"b.in\"\ntarget = \"b\"\n"
@@ -715,6 +748,14 @@ mod tests {
         let config = parse(&text).unwrap();
         let printed = config.to_string();
         assert_eq!(parse(&printed).unwrap(), config, "{printed}");
+        // Durations print in the units the file is written in.
+        for line in [
+            "max_delay = \"30d\"",
+            "grace = \"2h\"",
+            "margin = \"120ms\"",
+        ] {
+            assert!(printed.contains(line), "{line} not in {printed}");
+        }
         // The default URL's password is printed as *** and read back as that: all else
         // round-trips.
         let defaults = parse(MINIMAL).unwrap();
@@ -842,7 +883,6 @@ mod tests {
     #[test]
     fn bad_values_name_key_and_value() {
         let cases = [
-            ("[delays]\nmargin = \"soon\"\n", "delays.margin", "soon"),
             ("[delays]\nmax_delay = \"1ms\"\n", "delays.max_delay", "1ms"),
             (
                 "[topology]\nqueue_type = \"lazy\"\n",
@@ -868,7 +908,6 @@ mod tests {
             ),
             ("[broker]\nurl = \"http://x\"\n", "broker.url", "http://x"),
             ("[delays]\nladder = \"1s 1s\"\n", "delays.ladder", "1s"),
-            ("[cancel]\ngrace = \"a while\"\n", "cancel.grace", "a while"),
             (
                 "[bridge]\nredelivery_limit = 50\n",
                 "bridge.redelivery_limit",
@@ -884,6 +923,18 @@ mod tests {
             let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();
             assert!(
                 err.contains(key) && err.contains(value),
+                "{extra:?} gave {err}"
+            );
+        }
+        // A duration that does not parse is refused by the reader, which shows the line.
+        for (extra, line) in [
+            ("[delays]\nmargin = \"soon\"\n", "margin = \"soon\""),
+            ("[cancel]\ngrace = \"a while\"\n", "grace = \"a while\""),
+            ("[bridge]\nconfirm_timeout = 30\n", "confirm_timeout = 30"),
+        ] {
+            let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();
+            assert!(
+                err.contains("line 2") && err.contains(line) && err.contains("duration"),
                 "{extra:?} gave {err}"
             );
         }

@@ -305,11 +305,6 @@ async fn log_alarms(events: impl futures::Stream<Item = lapin::Event>) {
     }
 }
 
-/// Runs a bridge for `config` until `shutdown` fires.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), BridgeError> {
-    Bridge::new(config).run(shutdown).await
-}
-
 /// Pauses between attempts: from `min`, doubling up to `max`, with jitter, without end.
 pub(crate) fn backoff(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;

@@ -22,7 +22,7 @@ async fn bench_with(ladder: &str, prefetch: u32, args: &[&str]) -> Value {
     let config = raw_config(
         &unique_prefix("bench-smoke"),
         ladder,
-        "250ms",
+        delay_bridge::config::defaults::MARGIN,
         &route,
         prefetch,
     )

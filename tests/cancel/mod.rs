@@ -32,7 +32,7 @@ async fn only_sentinel_arrives(w: &mut World, within: Duration) {
 async fn cancel_in_a_level_queue_drops_it_at_its_next_hop() {
     let mut w = World::start(Setup {
         ladder: "500ms",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("cancel-level")
     })
     .await;
@@ -74,7 +74,7 @@ async fn cancel_during_the_final_hold_stops_the_delivery() {
     // One 2 s level and a 1.5 s margin: a 1.2 s delay is held in process from the start.
     let mut w = World::start(Setup {
         ladder: "2s",
-        margin: "1500ms",
+        margin: Duration::from_millis(1500),
         ..Setup::new("cancel-hold")
     })
     .await;
@@ -151,7 +151,7 @@ async fn cancelling_a_delivered_or_unknown_id_is_a_harmless_no_op() {
 async fn reschedule_later_and_earlier_delivers_once_at_the_new_time() {
     let mut w = World::start(Setup {
         ladder: "250ms 500ms 1s",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("reschedule")
     })
     .await;
@@ -213,7 +213,7 @@ async fn reschedule_later_and_earlier_delivers_once_at_the_new_time() {
 async fn a_cancel_made_while_no_bridge_runs_is_honoured_by_a_fresh_instance() {
     let mut w = World::start(Setup {
         ladder: "500ms",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("cancel-restart")
     })
     .await;
@@ -252,7 +252,7 @@ async fn a_cancel_made_while_no_bridge_runs_is_honoured_by_a_fresh_instance() {
 async fn two_instances_both_honour_cancels() {
     let mut w = World::start(Setup {
         ladder: "250ms 500ms",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("cancel-two")
     })
     .await;
@@ -323,8 +323,8 @@ async fn tombstone_lifetime(stats: &Stats, cancelled_at: u64) -> u64 {
 async fn old_tombstones_leave_memory() {
     // Max delay 2 s plus 1 s grace: a tombstone is kept 3 s after its cancel.
     let mut w = World::start(Setup {
-        max_delay: "2s",
-        cancel_grace: "1s",
+        max_delay: Duration::from_secs(2),
+        cancel_grace: Duration::from_secs(1),
         ..Setup::new("cancel-expiry")
     })
     .await;
@@ -510,7 +510,7 @@ async fn the_cli_schedules_reschedules_and_cancels() {
 #[tokio::test]
 async fn a_cancel_that_names_the_due_time_leaves_memory_after_it() {
     let w = World::start(Setup {
-        cancel_grace: "1s",
+        cancel_grace: Duration::from_secs(1),
         ..Setup::new("cancel-due")
     })
     .await;

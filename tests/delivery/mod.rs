@@ -75,7 +75,7 @@ async fn no_header_and_zero_delay_arrive_at_once() {
 async fn a_long_delay_does_not_hold_back_a_short_one() {
     let mut w = World::start(Setup {
         ladder: "1s 2s 4s 8s",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("no-block")
     })
     .await;
@@ -121,7 +121,7 @@ async fn multi_hop_delivery_is_on_time_and_byte_identical() {
     // + hold; 1450 ms = 300×4 + 100 + hold.
     let mut w = World::start(Setup {
         ladder: "100ms 300ms",
-        margin: "20ms",
+        margin: Duration::from_millis(20),
         ..Setup::new("multi-hop")
     })
     .await;
@@ -185,7 +185,7 @@ async fn multi_hop_delivery_is_on_time_and_byte_identical() {
 async fn expiration_does_not_cut_the_delay_and_user_id_does_not_break_the_hop() {
     let mut w = World::start(Setup {
         ladder: "500ms 1s",
-        margin: "50ms",
+        margin: Duration::from_millis(50),
         ..Setup::new("expiration")
     })
     .await;
@@ -328,7 +328,8 @@ async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_va
     .unwrap();
     let err = tokio::time::timeout(
         20 * SEC,
-        delay_bridge::bridge::run(config.clone(), tokio_util::sync::CancellationToken::new()),
+        delay_bridge::bridge::Bridge::new(config.clone())
+            .run(tokio_util::sync::CancellationToken::new()),
     )
     .await
     .expect("start-up fails fast")

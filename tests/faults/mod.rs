@@ -103,7 +103,7 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
     const N: usize = 200;
     let mut w = World::start(Setup {
         ladder: "1s",
-        margin: "100ms",
+        margin: Duration::from_millis(100),
         start_bridge: false,
         ..Setup::new("sigterm")
     })
@@ -151,7 +151,7 @@ async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
 async fn quorum_mode_delivers_through_quorum_levels() {
     let mut w = World::start(Setup {
         ladder: "100ms 300ms",
-        margin: "30ms",
+        margin: Duration::from_millis(30),
         queue_type: "quorum",
         ..Setup::new("quorum")
     })

@@ -34,7 +34,7 @@ async fn a_python_pika_publisher_works_unchanged() {
     };
     let mut w = World::start(Setup {
         ladder: "200ms 500ms",
-        margin: "30ms",
+        margin: Duration::from_millis(30),
         ..Setup::new("pika")
     })
     .await;

@@ -15,7 +15,7 @@ const SEC: Duration = Duration::from_secs(1);
 async fn world_with_extra_route(
     test: &str,
     target_suffix: &str,
-    target_full_timeout: Option<&str>,
+    target_full_timeout: Option<Duration>,
 ) -> (World, String, String) {
     let other = format!("{test}-{:08x}", rand::random::<u32>());
     let ingress = format!("{other}.in");
@@ -85,7 +85,7 @@ async fn a_target_that_refuses_every_publish_parks_the_message_and_traffic_flows
 /// meanwhile.
 #[tokio::test]
 async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_flows_on() {
-    let (mut w, ingress, full) = world_with_extra_route("full", "full", Some("1s")).await;
+    let (mut w, ingress, full) = world_with_extra_route("full", "full", Some(SEC)).await;
     let queue = format!("{full}.q");
     w.declare_extra_exchange(&full, ExchangeKind::Direct).await;
     let ch = w.conn.create_channel().await.unwrap();
@@ -147,7 +147,7 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
     let mut w = World::start(Setup {
         // Holds last up to the smallest level plus the margin: the message waits in the
         // bridge for its whole delay.
-        margin: "8s",
+        margin: Duration::from_secs(8),
         redelivery_limit: Some(2),
         ..Setup::new("redeliver")
     })

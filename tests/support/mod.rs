@@ -81,7 +81,7 @@ impl DerefMut for World {
 pub struct Setup<'a> {
     pub test: &'a str,
     pub ladder: &'a str,
-    pub margin: &'a str,
+    pub margin: Duration,
     /// Extra routes (ingress, target), for example a route to a missing target.
     pub extra_routes: Vec<(String, String)>,
     pub start_bridge: bool,
@@ -89,11 +89,11 @@ pub struct Setup<'a> {
     /// `classic` or `quorum`.
     pub queue_type: &'a str,
     /// `delays.max_delay`.
-    pub max_delay: &'a str,
+    pub max_delay: Duration,
     /// `cancel.grace`.
-    pub cancel_grace: &'a str,
+    pub cancel_grace: Duration,
     /// `bridge.target_full_timeout`, when not the default.
-    pub target_full_timeout: Option<&'a str>,
+    pub target_full_timeout: Option<Duration>,
     /// `bridge.redelivery_limit`, when not the default.
     pub redelivery_limit: Option<u32>,
     /// `bridge.max_unacked_bytes`, when not the default.
@@ -105,13 +105,13 @@ impl<'a> Setup<'a> {
         Self {
             test,
             ladder: "100ms 200ms 400ms 800ms",
-            margin: "30ms",
+            margin: Duration::from_millis(30),
             extra_routes: Vec::new(),
             start_bridge: true,
             prefetch: 4000,
             queue_type: "classic",
-            max_delay: "366d",
-            cancel_grace: "1d",
+            max_delay: Duration::from_secs(31622400),
+            cancel_grace: Duration::from_secs(86400),
             target_full_timeout: None,
             redelivery_limit: None,
             max_unacked_bytes: None,
@@ -124,9 +124,9 @@ impl<'a> Setup<'a> {
         let route = [("unused.in".to_string(), "unused.out".to_string())];
         let mut raw = raw_config("unused", self.ladder, self.margin, &route, self.prefetch);
         raw.topology.queue_type = Some(self.queue_type.into());
-        raw.delays.max_delay = Some(self.max_delay.into());
-        raw.cancel.grace = Some(self.cancel_grace.into());
-        raw.bridge.target_full_timeout = self.target_full_timeout.map(Into::into);
+        raw.delays.max_delay = Some(self.max_delay);
+        raw.cancel.grace = Some(self.cancel_grace);
+        raw.bridge.target_full_timeout = self.target_full_timeout;
         raw.bridge.redelivery_limit = self.redelivery_limit;
         raw.bridge.max_unacked_bytes = self.max_unacked_bytes;
         raw.validate().expect("test config is valid")
@@ -138,7 +138,7 @@ impl<'a> Setup<'a> {
 pub fn raw_config(
     prefix: &str,
     ladder: &str,
-    margin: &str,
+    margin: Duration,
     routes: &[(String, String)],
     prefetch: u32,
 ) -> RawConfig {
@@ -153,12 +153,12 @@ pub fn raw_config(
         },
         delays: RawDelays {
             ladder: Some(ladder.into()),
-            margin: Some(margin.into()),
-            max_delay: Some("366d".into()),
+            margin: Some(margin),
+            max_delay: None,
         },
         bridge: RawBridge {
             prefetch: Some(prefetch),
-            shutdown_timeout: Some("5s".into()),
+            shutdown_timeout: Some(Duration::from_secs(5)),
             ..RawBridge::default()
         },
         cancel: RawCancel::default(),

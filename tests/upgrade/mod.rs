@@ -13,17 +13,18 @@ use tokio_util::sync::CancellationToken;
 use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
+const DAY: Duration = Duration::from_secs(86_400);
 
 /// A config for the world's prefix and route with another ladder and cancel grace.
-fn config_with(w: &World, ladder: &str, grace: &str) -> Config {
+fn config_with(w: &World, ladder: &str, grace: Duration) -> Config {
     let mut raw = raw_config(
         w.prefix(),
         ladder,
-        "30ms",
+        Duration::from_millis(30),
         &[(w.ingress.clone(), w.target.clone())],
         1000,
     );
-    raw.cancel.grace = Some(grace.into());
+    raw.cancel.grace = Some(grace);
     raw.validate().expect("valid config")
 }
 
@@ -48,7 +49,7 @@ async fn run_bridge(config: Config) -> (CancellationToken, tokio::task::JoinHand
 async fn queues_that_differ_only_in_storage_or_retention_are_used_as_they_are() {
     let mut w = World::without_bridge("upgrade-args").await;
     // The world declared the stream with a 366 d + 1 d retention; this config asks 366 d + 2 d.
-    let config = config_with(&w, "100ms 200ms 400ms 800ms 2s", "2d");
+    let config = config_with(&w, "100ms 200ms 400ms 800ms 2s", 2 * DAY);
     let old_level = config.names.level_queue(Duration::from_secs(2));
     let mut args = FieldTable::default();
     args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(2_000));
@@ -97,7 +98,7 @@ async fn removing_a_level_from_the_ladder_loses_nothing() {
     })
     .await;
     w.stop_bridge().await;
-    let config = config_with(&w, "100ms 200ms 400ms 800ms", "1d");
+    let config = config_with(&w, "100ms 200ms 400ms 800ms", DAY);
     assert!(
         !config.ladder.levels().contains(&Duration::from_secs(3)),
         "the new ladder has no 3 s level"

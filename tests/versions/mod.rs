@@ -38,7 +38,7 @@ async fn a_message_revisiting_one_level_many_times_arrives_once_without_death_he
     // One 100 ms level: a 2.5 s delay visits it about 24 times.
     let mut w = World::start(Setup {
         ladder: "100ms",
-        margin: "20ms",
+        margin: Duration::from_millis(20),
         ..Setup::new("revisit")
     })
     .await;
@@ -74,7 +74,7 @@ async fn quorum_levels_take_more_hops_than_the_default_delivery_limit() {
     // level (and 29 returns through the quorum work queue) must still deliver.
     let mut w = World::start(Setup {
         ladder: "100ms",
-        margin: "20ms",
+        margin: Duration::from_millis(20),
         queue_type: "quorum",
         ..Setup::new("quorum-hops")
     })
@@ -160,7 +160,7 @@ async fn a_message_over_the_size_limit_is_refused_with_a_clear_error_and_one_at_
     let limit = broker_max_message_size();
     let mut w = World::start(Setup {
         ladder: "200ms",
-        margin: "30ms",
+        margin: Duration::from_millis(30),
         ..Setup::new("size-limit")
     })
     .await;

@@ -47,23 +47,24 @@ enum Command {
     /// Print the hops and the final hold of one delay, for example `plan 5h` or `plan 1500ms`.
     Plan {
         /// The delay: 1500ms, 90s, 5h, 40d, ...
-        delay: String,
+        #[arg(value_parser = parse_duration)]
+        delay: Duration,
         /// The ladder to plan with (a preset or a list such as "1s 1m 1h"); default: the
         /// configured one.
         #[arg(long)]
         ladder: Option<String>,
         /// The margin to plan with; default: the configured one.
-        #[arg(long)]
-        margin: Option<String>,
+        #[arg(long, value_parser = parse_duration)]
+        margin: Option<Duration>,
     },
     /// Compare ladders: mean and worst-case hops over delays spread evenly up to --max.
     Ladders {
         /// The longest delay to measure over.
-        #[arg(long, default_value = "30d")]
-        max: String,
-        /// The margin to plan with.
-        #[arg(long, default_value = defaults::MARGIN)]
-        margin: String,
+        #[arg(long, default_value = "30d", value_parser = parse_duration)]
+        max: Duration,
+        /// The margin to plan with; default: the default margin (250ms).
+        #[arg(long, value_parser = parse_duration)]
+        margin: Option<Duration>,
         /// Extra ladders to compare beside the presets (each a list like "1s 1m 1h").
         #[arg(long = "ladder")]
         extra: Vec<String>,
@@ -170,8 +171,10 @@ fn main() -> Result<()> {
             delay,
             ladder,
             margin,
-        } => print_plan(&cli, delay, ladder.as_deref(), margin.as_deref()),
-        Command::Ladders { max, margin, extra } => print_ladders(max, margin, extra),
+        } => print_plan(&cli, *delay, ladder.as_deref(), *margin),
+        Command::Ladders { max, margin, extra } => {
+            print_ladders(*max, margin.unwrap_or(defaults::MARGIN), extra)
+        }
         Command::Schedule { message_id, args } => {
             let config = load(&cli)?;
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
@@ -224,7 +227,7 @@ async fn run(config: Config) -> Result<()> {
     });
     // On a worker thread, not on the main thread that blocks on this future: the session
     // loop and the message tasks then share the runtime's workers.
-    tokio::spawn(delay_bridge::bridge::run(config, shutdown))
+    tokio::spawn(delay_bridge::bridge::Bridge::new(config).run(shutdown))
         .await
         .context("the bridge task panicked")??;
     Ok(())
@@ -244,7 +247,7 @@ async fn wait_for_signal() {
 fn planning_settings(
     cli: &Cli,
     ladder: Option<&str>,
-    margin: Option<&str>,
+    margin: Option<Duration>,
 ) -> Result<(Ladder, Duration)> {
     let raw = if cli.config.exists() {
         let text = std::fs::read_to_string(&cli.config)?;
@@ -257,19 +260,17 @@ fn planning_settings(
         .map(str::to_string)
         .or(raw.delays.ladder)
         .unwrap_or_else(|| defaults::LADDER.to_string());
-    let margin_text = margin
-        .map(str::to_string)
-        .or(raw.delays.margin)
-        .unwrap_or_else(|| defaults::MARGIN.to_string());
+    let margin = margin.or(raw.delays.margin).unwrap_or(defaults::MARGIN);
     let ladder = Ladder::parse(&ladder_text).context("invalid ladder")?;
-    let margin = parse_duration(&margin_text)
-        .map_err(|e| anyhow::anyhow!("invalid margin {margin_text:?}: {e}"))?;
     Ok((ladder, margin))
 }
 
-fn print_plan(cli: &Cli, delay: &str, ladder: Option<&str>, margin: Option<&str>) -> Result<()> {
-    let delay_d =
-        parse_duration(delay).map_err(|e| anyhow::anyhow!("invalid delay {delay:?}: {e}"))?;
+fn print_plan(
+    cli: &Cli,
+    delay_d: Duration,
+    ladder: Option<&str>,
+    margin: Option<Duration>,
+) -> Result<()> {
     let (ladder_v, margin_d) = planning_settings(cli, ladder, margin)?;
     let name = ladder.unwrap_or("configured");
     println!(
@@ -321,10 +322,7 @@ fn print_plan(cli: &Cli, delay: &str, ladder: Option<&str>, margin: Option<&str>
     Ok(())
 }
 
-fn print_ladders(max: &str, margin: &str, extra: &[String]) -> Result<()> {
-    let max_d = parse_duration(max).map_err(|e| anyhow::anyhow!("invalid --max {max:?}: {e}"))?;
-    let margin_d =
-        parse_duration(margin).map_err(|e| anyhow::anyhow!("invalid --margin {margin:?}: {e}"))?;
+fn print_ladders(max_d: Duration, margin_d: Duration, extra: &[String]) -> Result<()> {
     if max_d < Duration::from_secs(1) {
         bail!("--max must be at least 1s");
     }

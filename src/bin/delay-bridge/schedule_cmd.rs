@@ -22,8 +22,8 @@ pub struct ScheduleArgs {
     #[arg(long, short, default_value = "")]
     body: String,
     /// Deliver after this delay: 90s, 30m, 2h30m, ...
-    #[arg(long, conflicts_with = "at", required_unless_present = "at")]
-    delay: Option<String>,
+    #[arg(long, conflicts_with = "at", required_unless_present = "at", value_parser = parse_duration)]
+    delay: Option<Duration>,
     /// Deliver at this instant, RFC 3339 (2026-12-24T08:00:00Z).
     #[arg(long)]
     at: Option<String>,
@@ -62,9 +62,7 @@ impl ScheduleArgs {
                 .with_context(|| format!("--at {at:?} is before 1970"))?;
             return Ok(When::At(UNIX_EPOCH + Duration::from_millis(ms)));
         }
-        let delay = self.delay.as_deref().unwrap_or("0s");
-        let d = parse_duration(delay).map_err(|e| anyhow::anyhow!("--delay {delay:?}: {e}"))?;
-        Ok(When::After(d))
+        Ok(When::After(self.delay.unwrap_or_default()))
     }
 
     fn message(&self, config: &Config, id: Option<&str>) -> Result<Message> {
