@@ -14,7 +14,8 @@ use thiserror::Error;
 use crate::ladder::{Ladder, LadderError, format_duration};
 use crate::naming::Names;
 
-/// Environment variable that overrides `broker.url`.
+/// Environment variable that overrides `broker.url` / `broker.urls`: one URL, or several
+/// separated by white space.
 pub const ENV_URL: &str = "DELAY_BRIDGE_URL";
 /// Environment variable that overrides `topology.prefix`.
 pub const ENV_PREFIX: &str = "DELAY_BRIDGE_PREFIX";
@@ -421,8 +422,9 @@ impl Config {
         for (var, value) in overrides {
             match *var {
                 ENV_URL => {
-                    raw.broker.url = Some(value.clone());
-                    raw.broker.urls = None;
+                    // One URL, or several separated by white space (the nodes of a cluster).
+                    raw.broker.url = None;
+                    raw.broker.urls = Some(value.split_whitespace().map(str::to_string).collect());
                 }
                 ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
                 _ => {}
@@ -870,6 +872,23 @@ mod tests {
         assert_eq!(c.url().expose(), "amqp://u:secret@h:5673/v");
         assert_eq!(c.names.prefix(), "other");
         assert_eq!(c.url().user(), "u");
+    }
+
+    #[test]
+    fn the_url_variable_may_name_several_brokers() {
+        let c = Config::from_toml(
+            MINIMAL,
+            "<test>",
+            &[(
+                ENV_URL,
+                " amqp://u:p@n1:5672/%2f  amqp://u:p@n2:5672/%2f\n".to_string(),
+            )],
+        )
+        .unwrap();
+        let urls: Vec<&str> = c.urls.iter().map(BrokerUrl::expose).collect();
+        assert_eq!(urls, ["amqp://u:p@n1:5672/%2f", "amqp://u:p@n2:5672/%2f"]);
+        let empty = Config::from_toml(MINIMAL, "<test>", &[(ENV_URL, " ".to_string())]);
+        assert!(matches!(empty, Err(ConfigError::Invalid { key, .. }) if key == "broker.urls"));
     }
 
     #[test]

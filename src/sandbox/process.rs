@@ -11,7 +11,7 @@ use super::SandboxError;
 use crate::config::{Config, ENV_URL};
 
 /// A configuration written to a temporary file for a `delay-bridge` child process, with
-/// the password redacted; the real broker URL goes to the child through `DELAY_BRIDGE_URL`.
+/// the password redacted; the real broker URLs go to the child through `DELAY_BRIDGE_URL`.
 /// The file is deleted when this is dropped.
 pub struct ConfigFile {
     path: PathBuf,
@@ -32,7 +32,12 @@ impl ConfigFile {
         })?;
         Ok(Self {
             path,
-            url: config.url().expose().to_string(),
+            url: config
+                .urls
+                .iter()
+                .map(|u| u.expose())
+                .collect::<Vec<_>>()
+                .join(" "),
         })
     }
 
