@@ -734,3 +734,149 @@ fn a_parked_copy_without_publisher_headers_keeps_the_bridges_and_says_so() {
     );
     assert_eq!(props.message_id().as_ref().map(|m| m.as_str()), Some("m"));
 }
+
+mod arbitrary_tables {
+    //! Decoding over arbitrary header tables: every AMQP field type, nested, with the
+    //! contract's own names as keys. Whatever a publisher sends, the outcome is a due time
+    //! within the limits or a reason to park, never a panic; the bridge's state survives a
+    //! hop exactly; nothing of the publisher's is taken for the bridge's own.
+
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// Keys the contract reads, keys that look like its own, and any other.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                header::DELAY,
+                header::DELIVER_AT,
+                header::PUBLISHED_AT,
+                header::CC,
+                header::BCC,
+                header::STATE_DELIVER_AT,
+                header::STATE_TARGET,
+                header::STATE_ROUTING_KEY,
+                header::STATE_HOPS,
+                header::STATE_ENTERED_AT,
+                header::STATE_FIRST_SEEN,
+                header::REASON,
+                header::DELIVERY_COUNT,
+                "x-death",
+                "x-first-death-reason",
+            ])
+            .prop_map(str::to_string),
+            "[a-zA-Z0-9_.-]{0,12}",
+        ]
+    }
+
+    /// Numbers as text, the odd spellings a publisher in another language sends.
+    fn number_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|n| n.to_string()),
+            (0u64..100_000).prop_map(|n| format!(" {n} ")),
+            Just("2026-12-24T08:00:00Z".to_string()),
+            Just(String::new()),
+            ".{0,20}",
+        ]
+    }
+
+    fn leaf() -> impl Strategy<Value = AMQPValue> {
+        prop_oneof![
+            any::<bool>().prop_map(AMQPValue::Boolean),
+            any::<i8>().prop_map(AMQPValue::ShortShortInt),
+            any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+            any::<i16>().prop_map(AMQPValue::ShortInt),
+            any::<u16>().prop_map(AMQPValue::ShortUInt),
+            any::<i32>().prop_map(AMQPValue::LongInt),
+            any::<u32>().prop_map(AMQPValue::LongUInt),
+            any::<i64>().prop_map(AMQPValue::LongLongInt),
+            (-5_000i64..5_000).prop_map(AMQPValue::LongLongInt),
+            any::<f32>().prop_map(AMQPValue::Float),
+            any::<f64>().prop_map(AMQPValue::Double),
+            (any::<u8>(), any::<u32>())
+                .prop_map(|(scale, value)| AMQPValue::DecimalValue(DecimalValue { scale, value })),
+            number_text()
+                .prop_filter("a short string holds 255 bytes", |s| s.len() <= 255)
+                .prop_map(|s| AMQPValue::ShortString(s.as_str().into())),
+            number_text().prop_map(|s| AMQPValue::LongString(s.as_str().into())),
+            ".{0,300}".prop_map(|s| AMQPValue::LongString(s.as_str().into())),
+            any::<u64>().prop_map(AMQPValue::Timestamp),
+            vec(any::<u8>(), 0..64).prop_map(|b| AMQPValue::ByteArray(b.into())),
+            Just(AMQPValue::Void),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = AMQPValue> {
+        leaf().prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..6).prop_map(|v| AMQPValue::FieldArray(v.into())),
+                vec((key(), inner), 0..6).prop_map(|entries| AMQPValue::FieldTable(of(entries))),
+            ]
+        })
+    }
+
+    fn of(entries: Vec<(String, AMQPValue)>) -> FieldTable {
+        let mut t = FieldTable::default();
+        for (k, v) in entries {
+            t.insert(k.as_str().into(), v);
+        }
+        t
+    }
+
+    fn headers() -> impl Strategy<Value = FieldTable> {
+        vec((key(), value()), 0..10).prop_map(of)
+    }
+
+    /// A header name the bridge keeps for itself on the way through levels.
+    fn is_bridge_state(name: &str) -> bool {
+        name.starts_with(header::BRIDGE_PREFIX)
+            || header::DEATH_PREFIXES.iter().any(|p| name.starts_with(p))
+            || name == header::CC
+            || name == header::BCC
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_table_is_due_within_the_limits_or_parked_with_a_reason(
+            table in headers(),
+            expiration in proptest::option::of("[0-9]{1,6}"),
+        ) {
+            let mut props = BasicProperties::default().with_headers(table.clone());
+            if let Some(e) = expiration {
+                props = props.with_expiration(e.as_str().into());
+            }
+            match decode_with("in", &props) {
+                Ok(env) => {
+                    let year_ms: u64 = 366 * 86_400_000;
+                    prop_assert!(env.deliver_at >= NOW && env.deliver_at <= NOW + year_ms);
+                    let kept = env.properties.headers.clone().unwrap_or_default();
+                    for name in kept.inner().keys() {
+                        prop_assert!(!is_bridge_state(name.as_str()), "{} kept", name.as_str());
+                    }
+                    // One hop and back: the same envelope, one hop further.
+                    let back = decode_with(WORK, &through_level(&hop_properties(&env)));
+                    let hopped = Envelope { hops: env.hops + 1, ..env.clone() };
+                    prop_assert_eq!(back.as_ref(), Ok(&hopped));
+                    // Delivered: CC and BCC restored as the publisher sent them.
+                    let delivered = delivery_properties(&env, "guest");
+                    for name in [header::CC, header::BCC] {
+                        prop_assert_eq!(header(&delivered, name), table.inner().get(name));
+                    }
+                }
+                Err(parked) => prop_assert!(!parked.detail.is_empty()),
+            }
+        }
+
+        #[test]
+        fn any_table_from_the_work_exchange_decodes_or_parks(table in headers()) {
+            let props = BasicProperties::default().with_headers(table);
+            if let Err(parked) = decode_with(WORK, &props) {
+                prop_assert!(!parked.detail.is_empty());
+            }
+        }
+    }
+}
