@@ -173,7 +173,7 @@ impl Carrier {
         });
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
-        let prepared = carrier.prepare(delivery, redeliveries.unwrap_or(0));
+        let prepared = carrier.prepare(delivery, redeliveries);
         tokio::spawn(async move {
             let outcome = match &prepared {
                 Ok(decoded) => carrier.carry(decoded).await,
@@ -212,8 +212,13 @@ impl Carrier {
     /// Decodes a delivery. Past this point only its tag, body and envelope are kept: the
     /// consumed properties (with their x-death history), names and acker are dropped, so
     /// that the thousands of deliveries held for their last moments stay small.
-    /// `redeliveries` is how often this process has seen it redelivered (0 when it was not).
-    fn prepare(&self, delivery: Delivery, redeliveries: u32) -> Result<Decoded, Box<Undecodable>> {
+    /// `redeliveries` is how often this process has seen it redelivered (`None` when the
+    /// broker did not flag it redelivered).
+    fn prepare(
+        &self,
+        delivery: Delivery,
+        redeliveries: Option<u32>,
+    ) -> Result<Decoded, Box<Undecodable>> {
         let read_at = now_ms();
         let Delivery {
             delivery_tag,
@@ -278,20 +283,24 @@ impl Carrier {
         exchange: &ShortString,
         routing_key: &ShortString,
         properties: &lapin::BasicProperties,
-        redeliveries: u32,
+        redeliveries: Option<u32>,
     ) -> Result<Envelope, Parked> {
         let config = &self.shared.config;
         let limit = config.redelivery_limit;
-        if let Some(parked) = contract::redelivered_too_often(properties, i64::from(limit)) {
-            return Err(parked);
-        }
-        if redeliveries >= limit {
-            return Err(Parked::new(
-                ParkReason::RedeliveryLimit,
-                format!(
-                    "redelivered {redeliveries} times to this bridge without being settled; parked so it cannot stall the bridge"
-                ),
-            ));
+        // Only a redelivery's `x-delivery-count` is the broker's: on a first delivery the
+        // header can only be the publisher's.
+        if let Some(redeliveries) = redeliveries {
+            if let Some(parked) = contract::redelivered_too_often(properties, i64::from(limit)) {
+                return Err(parked);
+            }
+            if redeliveries >= limit {
+                return Err(Parked::new(
+                    ParkReason::RedeliveryLimit,
+                    format!(
+                        "redelivered {redeliveries} times to this bridge without being settled; parked so it cannot stall the bridge"
+                    ),
+                ));
+            }
         }
         let intake = Intake {
             work_exchange: &self.shared.work_exchange,

@@ -346,3 +346,20 @@ async fn a_conflicting_existing_queue_fails_startup_naming_queue_argument_and_va
     }
     w.cleanup().await;
 }
+
+/// A publisher's own `x-delivery-count` header (an application that copied the headers of
+/// a message it consumed from a quorum queue) is not a redelivery count: the message is
+/// delivered, not parked `redelivery-limit`.
+#[tokio::test]
+async fn a_publishers_x_delivery_count_is_not_taken_for_redeliveries() {
+    let mut w = World::start(Setup::new("delivery-count")).await;
+    let props = BasicProperties::default().with_headers(headers(vec![
+        ("x-delay", AMQPValue::LongLongInt(300)),
+        ("x-delivery-count", AMQPValue::LongLongInt(1_000)),
+    ]));
+    w.publish("rk.count", b"copied-headers", props).await;
+    let m = w.recv_within(Duration::from_secs(10)).await;
+    assert_eq!(m.body, b"copied-headers");
+    assert_eq!(w.stats().snapshot().parked, 0, "nothing parked");
+    w.cleanup().await;
+}
