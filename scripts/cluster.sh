@@ -9,6 +9,8 @@
 #   bash scripts/cluster.sh stop          # stop every node (data is kept for the next start)
 #   bash scripts/cluster.sh ctl N ARGS..  # rabbitmqctl against node N
 #   bash scripts/cluster.sh urls          # the AMQP URL of every node, one a line
+#   bash scripts/cluster.sh start-solo    # node 4: a single broker of its own, never clustered
+#                                         # (for broker-crash faults; kill 4 / restart 4 / stop)
 #
 # Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, Erlang distribution 2568N, data, logs,
 # config and its own Erlang cookie under $CLUSTER_DIR/nodeN (default
@@ -123,8 +125,16 @@ case "${1:-}" in
     for n in 2 3; do join "$n"; done
     say "cluster of 3 up in $((SECONDS - started)) s: $(for n in "${nodes[@]}"; do printf 'amqp://guest:guest@127.0.0.1:%s/%%2f ' "$(amqp_port "$n")"; done)"
     ;;
+  start-solo)
+    started=$SECONDS
+    mkdir -p "$dir"
+    launch_node 4
+    await_node 4
+    say "single node 4 up in $((SECONDS - started)) s: amqp://guest:guest@127.0.0.1:$(amqp_port 4)/%2f"
+    ;;
   stop)
-    for n in "${nodes[@]}"; do
+    for n in "${nodes[@]}" 4; do
+      [ "$n" = 4 ] && [ ! -d "$dir/node4" ] && continue
       if running "$n"; then
         ctl "$n" -q stop >/dev/null 2>&1 || true
         say "node $n stopped"
@@ -173,7 +183,7 @@ case "${1:-}" in
     for n in "${nodes[@]}"; do echo "amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/%2f"; done
     ;;
   *)
-    sed -n '2,22p' "$0"
+    sed -n '2,24p' "$0"
     exit 2
     ;;
 esac

@@ -5,6 +5,8 @@
 mod bench;
 mod cancel;
 mod delivery;
+#[cfg(feature = "bench")]
+mod fault_suite;
 mod faults;
 mod hostile;
 mod interop;

@@ -32,7 +32,7 @@ use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
 use thiserror::Error;
 use tokio::task::JoinHandle;
@@ -40,7 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, ConnectError};
 use crate::bridge::{Bridge, BridgeError, Stats};
-use crate::config::{Config, ConfigError, ENV_URL, RawBroker, RawConfig, RawRoute, Route};
+use crate::config::{
+    Config, ConfigError, ENV_URL, QueueType, RawBroker, RawConfig, RawRoute, Route,
+};
 use crate::naming::Names;
 use crate::topology::{Topology, TopologyError};
 
@@ -251,11 +253,23 @@ impl Sandbox {
         declare_target
             .await
             .map_err(SandboxError::broker(format!("declaring {}", self.target)))?;
+        // Durable, and replicated in quorum mode: a fault test's broker restart or node loss
+        // must not take delivered messages with it.
+        let mut args = FieldTable::default();
+        if self.config.queue_type == QueueType::Quorum {
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
         channel
             .queue_declare(
                 self.target_queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args,
             )
             .await
             .map_err(SandboxError::broker(format!(
@@ -360,12 +374,19 @@ impl Sandbox {
         self.extra_queues.push(name.to_string());
     }
 
-    /// Stops the bridge and deletes everything the sandbox declared.
+    /// Stops the bridge and deletes everything the sandbox declared (through a new
+    /// connection to the first broker that answers when the sandbox's own was lost, for
+    /// example to a broker a fault test killed).
     pub async fn finish(mut self) -> Result<(), SandboxError> {
         let stopped = self.stop_bridge().await;
         self.finished = true;
-        let deleted = delete_all(&self.conn, &self.config, &self.queues(), &self.exchanges()).await;
-        let _ = self.conn.close(200, "done".into()).await;
+        let conn = if self.conn.status().connected() {
+            self.conn.clone()
+        } else {
+            Arc::new(connect_first(&self.config, "sandbox-cleanup").await?)
+        };
+        let deleted = delete_all(&conn, &self.config, &self.queues(), &self.exchanges()).await;
+        let _ = conn.close(200, "done".into()).await;
         stopped.and(deleted)
     }
 
@@ -405,7 +426,7 @@ impl Drop for Sandbox {
                 return;
             };
             runtime.block_on(async {
-                if let Ok(conn) = amqp::connect(config.url(), "sandbox-cleanup").await {
+                if let Ok(conn) = connect_first(&config, "sandbox-cleanup").await {
                     let _ = delete_all(&conn, &config, &queues, &exchanges).await;
                     let _ = conn.close(200, "cleanup".into()).await;
                 }
@@ -413,6 +434,18 @@ impl Drop for Sandbox {
         })
         .join();
     }
+}
+
+/// Connects to the first of the configured brokers that answers.
+async fn connect_first(config: &Config, name: &str) -> Result<Connection, SandboxError> {
+    let mut last = None;
+    for url in &config.urls {
+        match amqp::connect(url, name).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("a config names at least one broker").into())
 }
 
 /// Deletes the bridge's topology, then these queues and exchanges.

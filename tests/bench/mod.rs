@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::support::*;
 
 /// Runs `delay-bridge-bench <args>` with the default ladder and prefetch.
-async fn bench(args: &[&str]) -> Value {
+pub async fn bench(args: &[&str]) -> Value {
     bench_with("default", 4000, args).await
 }
 

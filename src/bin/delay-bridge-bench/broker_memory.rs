@@ -20,7 +20,8 @@ impl Ctl {
         Ok(Self(words))
     }
 
-    async fn call(&self, args: &[&str]) -> Result<String> {
+    /// Runs `rabbitmqctl <args>` and returns its standard output.
+    pub async fn call(&self, args: &[&str]) -> Result<String> {
         let out = Command::new(&self.0[0])
             .args(&self.0[1..])
             .args(args)

@@ -13,6 +13,7 @@ mod baseline;
 mod broker_memory;
 mod burst;
 mod cancel_horizon;
+mod faults;
 mod hop;
 mod ladder;
 mod load;
@@ -93,6 +94,17 @@ pub enum Scenario {
     /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
     /// stream of `--count` tombstones, beside a start on an empty stream.
     Tombstones(tombstones::Args),
+    /// Fault: the broker closes the bridge's connection every few seconds under load.
+    ConnectionCuts(faults::connection_cuts::Args),
+    /// Fault: two bridge processes, one SIGKILLed and restarted every few seconds.
+    BridgeChaos(faults::bridge_chaos::Args),
+    /// Fault: `kill -9` of the cluster node that leads the queues, started again later
+    /// (the configured brokers are the cluster's nodes, the first one leading).
+    NodeLoss(faults::broker_loss::Args),
+    /// Fault: `kill -9` of the one broker, started again later.
+    BrokerCrash(faults::broker_loss::Args),
+    /// Fault: random header tables and properties through a real bridge.
+    Fuzz(faults::fuzz::Args),
 }
 
 /// Runs one scenario against the configured broker.
@@ -106,6 +118,11 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
+        Scenario::ConnectionCuts(args) => faults::connection_cuts::run(base, args).await,
+        Scenario::BridgeChaos(args) => faults::bridge_chaos::run(base, args).await,
+        Scenario::NodeLoss(args) => faults::broker_loss::run(base, args, "node-loss").await,
+        Scenario::BrokerCrash(args) => faults::broker_loss::run(base, args, "broker-crash").await,
+        Scenario::Fuzz(args) => faults::fuzz::run(base, args).await,
     }
 }
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The fault suite: load through delay-bridge while something breaks, everything on loopback,
+# each scenario bounded in count and time. Each prints messages sent, delivered, missing,
+# duplicates, parked and lateness, its targets as PASS or MISS, and a JSON line; each report
+# also goes to target/faults/<scenario>.txt.
+#
+#   bash scripts/faults.sh                       # every scenario, one after the other
+#   bash scripts/faults.sh connection-cuts fuzz  # some
+#
+# Scenarios (run alone with the command each prints):
+#   connection-cuts       the broker on 5672 closes the bridge's connection every 3 s for 60 s
+#   bridge-chaos          two bridges, one SIGKILLed and restarted every 2-5 s; 100 000 over 60 s
+#   fuzz                  2 000 messages with random header tables and properties
+#   node-loss             quorum mode on the three-node cluster (scripts/cluster.sh), two
+#                         bridges; kill -9 of the node that leads every queue at 10 s, back at 25 s
+#   broker-crash-quorum   one broker (cluster.sh node 4), quorum mode: kill -9 at 10 s, back at 15 s
+#   broker-crash-classic  the same in classic mode
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+bash scripts/broker.sh
+cargo build --release --quiet --features bench
+mkdir -p target/faults
+bench=./target/release/delay-bridge-bench
+export RUST_LOG=${RUST_LOG:-error}
+
+# A configuration for the bench: its prefix and route are replaced by each scenario's own.
+config() {
+  local file=target/faults/$1.toml
+  printf '[topology]\nqueue_type = "%s"\n\n[[route]]\ningress = "unused.in"\ntarget = "unused.out"\n' "$1" > "$file"
+  echo "$file"
+}
+
+cluster_urls() { bash scripts/cluster.sh urls | tr '\n' ' '; }
+
+run() {
+  local name=$1
+  shift
+  echo "== $*"
+  "$@" | tee "target/faults/$name.txt"
+}
+
+scenarios=("$@")
+[ ${#scenarios[@]} -eq 0 ] && scenarios=(connection-cuts bridge-chaos fuzz node-loss broker-crash-quorum broker-crash-classic)
+for scenario in "${scenarios[@]}"; do
+  case $scenario in
+    connection-cuts)
+      run "$scenario" $bench --config "$(config classic)" connection-cuts --count 60000 --rate 1000 --every 3s --cut-for 60s
+      ;;
+    bridge-chaos)
+      run "$scenario" $bench --config "$(config classic)" bridge-chaos --count 100000 --rate 1666
+      ;;
+    fuzz)
+      run "$scenario" $bench --config "$(config classic)" fuzz --count 2000
+      ;;
+    node-loss)
+      bash scripts/cluster.sh start
+      DELAY_BRIDGE_URL=$(cluster_urls) run "$scenario" $bench --config "$(config quorum)" node-loss \
+        --count 50000 --rate 1000 --min-delay 1s --max-delay 30s \
+        --kill "bash scripts/cluster.sh kill 1" --restart "bash scripts/cluster.sh restart 1" \
+        --kill-after 10s --restart-after 25s --bridges 2
+      ;;
+    broker-crash-quorum|broker-crash-classic)
+      bash scripts/cluster.sh start-solo
+      DELAY_BRIDGE_URL=amqp://guest:guest@127.0.0.1:5684/%2f run "$scenario" $bench --config "$(config "${scenario#broker-crash-}")" broker-crash \
+        --count 50000 --rate 1000 --min-delay 1s --max-delay 30s \
+        --kill "bash scripts/cluster.sh kill 4" --restart "bash scripts/cluster.sh restart 4" \
+        --kill-after 10s --restart-after 15s --bridges 1
+      ;;
+    *)
+      echo "faults.sh: unknown scenario $scenario" >&2
+      sed -n '2,17p' "$0" >&2
+      exit 2
+      ;;
+  esac
+done

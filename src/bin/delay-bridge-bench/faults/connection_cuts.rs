@@ -1,0 +1,133 @@
+//! `connection-cuts`: the broker closes the bridge's connection every few seconds
+//! (`rabbitmqctl close_connection`) while the load flows. The bridge reconnects at once after
+//! a session that worked, so a cut costs a reconnect, not a backoff.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use delay_bridge::config::Config;
+use delay_bridge::ladder::{format_duration, parse_duration};
+use delay_bridge::sandbox::{Sandbox, TargetBinding};
+
+use super::traffic::{FaultCollector, publish_through_faults};
+use super::{Load, Tally, p99_within, read_parked};
+use crate::broker_memory::Ctl;
+use crate::measured_bridge::MeasuredBridge;
+
+/// `connection-cuts` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    load: Load,
+    /// Close the bridge's connection this often.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    every: Duration,
+    /// Keep cutting for this long from the first publish.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    cut_for: Duration,
+    /// How to run rabbitmqctl against the broker (for example `bash scripts/broker4.sh ctl`).
+    #[arg(long, env = "DELAY_BRIDGE_CTL", default_value = "rabbitmqctl")]
+    ctl: String,
+}
+
+/// The p99 lateness the scenario must keep.
+const P99_LIMIT: Duration = Duration::from_secs(1);
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    args.load.check()?;
+    let ctl = Ctl::parse(&args.ctl)?;
+    let sandbox = Sandbox::declare(base, "delay-bridge-faults-cuts", TargetBinding::Fanout).await?;
+    let result = measure(&sandbox, args, &ctl).await;
+    sandbox.finish().await?;
+    let (tally, cuts) = result?;
+    let targets = [tally.none_missing(), p99_within(&tally, P99_LIMIT)];
+    tally.print(
+        &[
+            args.load.describe(),
+            format!(
+                "the broker closed the bridge's connection {cuts} times, every {} for {}",
+                format_duration(args.every),
+                format_duration(args.cut_for)
+            ),
+        ],
+        &targets,
+        json!({ "cuts": cuts }),
+    );
+    Ok(())
+}
+
+async fn measure(sandbox: &Sandbox, args: &Args, ctl: &Ctl) -> Result<(Tally, u64)> {
+    let load = &args.load;
+    let bridge = MeasuredBridge::start(sandbox).await?;
+    let urls = sandbox.config.urls.clone();
+    let collector = FaultCollector::start(urls.clone(), sandbox.target_queue.clone(), load.count);
+    let ingress = sandbox.ingress.clone();
+    let publisher = {
+        let (urls, load) = (urls.clone(), load.clone());
+        tokio::spawn(async move {
+            publish_through_faults(&urls, load.count, load.rate, |seq| {
+                load.message(&ingress, seq)
+            })
+            .await
+        })
+    };
+    let name = format!("delay-bridge {}", sandbox.prefix());
+    let started = tokio::time::Instant::now();
+    let mut cuts = 0;
+    let mut next_cut = started + args.every;
+    while next_cut <= started + args.cut_for {
+        tokio::time::sleep_until(next_cut).await;
+        cuts += close_connections_named(ctl, &name).await?;
+        next_cut += args.every;
+    }
+    let sent = publisher.await.context("the publisher task")??;
+    let deadline = tokio::time::Instant::now() + load.max_delay + Duration::from_secs(30);
+    let seen = collector
+        .finish(load.count, deadline, Duration::from_secs(2))
+        .await?;
+    bridge.stop().await?;
+    let parked = read_parked(&urls, &sandbox.config.names.parked_queue(), load.count).await?;
+    let tally = Tally {
+        scenario: "connection-cuts",
+        count: load.count,
+        sent,
+        seen,
+        parked,
+    };
+    Ok((tally, cuts))
+}
+
+/// Has the broker close every connection whose client-provided name contains `name`;
+/// returns how many it closed.
+pub async fn close_connections_named(ctl: &Ctl, name: &str) -> Result<u64> {
+    let listed = ctl
+        .call(&[
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .await?;
+    let mut closed = 0;
+    for line in listed.lines().filter(|l| l.contains(name)) {
+        let Some(pid) = line.split_whitespace().next() else {
+            continue;
+        };
+        // A connection that went on its own between the listing and the close is no error.
+        if ctl
+            .call(&[
+                "close_connection",
+                pid,
+                "delay-bridge faults: connection cut",
+            ])
+            .await
+            .is_ok()
+        {
+            closed += 1;
+        }
+    }
+    Ok(closed)
+}

@@ -1,0 +1,250 @@
+//! Fault scenarios: load through the bridge while something breaks (the bridge's
+//! connections, the bridge process, a broker, a cluster node), or hostile headers. Each
+//! reports the same tally: messages sent, delivered, missing, duplicates, parked, and
+//! lateness; and prints its targets as PASS or MISS.
+
+pub mod bridge_chaos;
+pub mod broker_loss;
+pub mod connection_cuts;
+pub mod fuzz;
+pub mod traffic;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use serde_json::{Value, json};
+
+use delay_bridge::clock::now_ms;
+use delay_bridge::config::BrokerUrl;
+use delay_bridge::contract::header;
+use delay_bridge::ladder::{format_duration, parse_duration};
+
+use super::load::{Outgoing, due_at, read_body};
+use super::{Spread, Target, ms, print_targets, targets_json};
+use traffic::{Seen, Sent};
+
+/// The load of a fault scenario.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Load {
+    /// Messages to send.
+    #[arg(long, default_value_t = 50_000)]
+    pub count: u64,
+    /// Messages per second.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// The shortest delay.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub min_delay: Duration,
+    /// The longest delay.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub max_delay: Duration,
+}
+
+impl Load {
+    /// Checks the options.
+    pub fn check(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.count > 0 && self.rate > 0.0,
+            "--count and --rate must be > 0"
+        );
+        anyhow::ensure!(
+            self.min_delay <= self.max_delay,
+            "--min-delay must not exceed --max-delay"
+        );
+        Ok(())
+    }
+
+    /// Message `seq` to `ingress`, due a random delay within the range from now.
+    pub fn message(&self, ingress: &str, seq: u64) -> Outgoing {
+        let (min, max) = (
+            self.min_delay.as_millis() as u64,
+            self.max_delay.as_millis() as u64,
+        );
+        due_at(ingress, seq, now_ms() + rand::random_range(min..=max), 100)
+    }
+
+    /// One line for the report.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} messages at {}/s, delays uniform over [{}, {}]",
+            self.count,
+            self.rate,
+            format_duration(self.min_delay),
+            format_duration(self.max_delay)
+        )
+    }
+}
+
+/// What the parked queue held at the end of a scenario.
+#[derive(Debug, Clone, Default)]
+pub struct Parked {
+    /// Copies per sequence number.
+    pub copies: Vec<u32>,
+    /// Messages per reason.
+    pub by_reason: BTreeMap<String, u64>,
+}
+
+impl Parked {
+    /// Parked messages in all.
+    pub fn total(&self) -> u64 {
+        self.by_reason.values().sum()
+    }
+}
+
+/// Reads the parked queue to the end (acknowledging: the scenario's topology is deleted
+/// next) and counts its messages by sequence number and reason.
+pub async fn read_parked(urls: &[BrokerUrl], queue: &str, expected: u64) -> Result<Parked> {
+    let mut next = 0;
+    let conn = traffic::connect_any(urls, &mut next, "delay-bridge faults parked reader").await?;
+    let channel = conn.create_channel().await?;
+    channel.basic_qos(1000, BasicQosOptions::default()).await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "delay-bridge-faults-parked".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consuming {queue}"))?;
+    let mut parked = Parked {
+        copies: vec![0; expected as usize],
+        ..Parked::default()
+    };
+    // The queue is settled (nothing enters it any more): it is read when a second passes
+    // without a message.
+    while let Ok(Some(delivery)) =
+        tokio::time::timeout(Duration::from_secs(1), consumer.next()).await
+    {
+        let delivery = delivery?;
+        let reason = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(header::REASON).cloned())
+            .map_or_else(
+                || "(none)".to_string(),
+                |v| match v {
+                    AMQPValue::LongString(s) => s.to_string(),
+                    other => format!("{other:?}"),
+                },
+            );
+        *parked.by_reason.entry(reason).or_default() += 1;
+        if let Some((seq, _)) = read_body(&delivery.data)
+            && let Some(copies) = parked.copies.get_mut(seq as usize)
+        {
+            *copies += 1;
+        }
+    }
+    let _ = conn.close(200, "read".into()).await;
+    Ok(parked)
+}
+
+/// The outcome of a fault scenario, the same for each.
+pub struct Tally {
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// Messages the publisher was asked to send.
+    pub count: u64,
+    /// What the publisher did.
+    pub sent: Sent,
+    /// What reached the target.
+    pub seen: Seen,
+    /// What was parked.
+    pub parked: Parked,
+}
+
+impl Tally {
+    /// Sequence numbers neither delivered nor parked.
+    pub fn missing(&self) -> u64 {
+        self.seen
+            .copies
+            .iter()
+            .zip(&self.parked.copies)
+            .filter(|(delivered, parked)| **delivered == 0 && **parked == 0)
+            .count() as u64
+    }
+
+    /// Lateness of first arrivals.
+    pub fn lateness(&self) -> Option<Spread> {
+        Spread::of(&self.seen.lateness_us)
+    }
+
+    /// The p99 lateness in µs (`i64::MAX` when nothing arrived).
+    pub fn p99_us(&self) -> i64 {
+        self.lateness().map_or(i64::MAX, |s| s.p99)
+    }
+
+    /// The target every scenario has: every message delivered or parked.
+    pub fn none_missing(&self) -> Target {
+        Target::new(
+            "0 missing",
+            format!("{} missing", self.missing()),
+            self.missing() == 0,
+        )
+    }
+
+    /// Prints the table, the targets and the JSON report (its last line), with the
+    /// scenario's own fields.
+    pub fn print(&self, lines: &[String], targets: &[Target], extra: Value) {
+        println!("{}:", self.scenario);
+        for line in lines {
+            println!("  {line}");
+        }
+        println!(
+            "  sent {} (confirmed {}, sent again {} after {} lost publisher connections), delivered {}, missing {}, duplicates {}, parked {}",
+            self.count,
+            self.sent.confirmed,
+            self.sent.resent,
+            self.sent.reconnects,
+            self.seen.delivered(),
+            self.missing(),
+            self.seen.duplicates(),
+            self.parked.total()
+        );
+        if !self.parked.by_reason.is_empty() {
+            println!("  parked by reason: {:?}", self.parked.by_reason);
+        }
+        if let Some(s) = self.lateness() {
+            println!("  lateness (arrival - due), ms: {}", Spread::header());
+            println!("                               {}", s.row());
+        }
+        print_targets(targets);
+        let mut report = json!({
+            "scenario": self.scenario,
+            "count": self.count,
+            "confirmed": self.sent.confirmed,
+            "publisher_resent": self.sent.resent,
+            "publisher_reconnects": self.sent.reconnects,
+            "delivered": self.seen.delivered(),
+            "missing": self.missing(),
+            "duplicates": self.seen.duplicates(),
+            "parked": self.parked.total(),
+            "parked_by_reason": self.parked.by_reason,
+            "collector_reconnects": self.seen.reconnects,
+            "lateness": self.lateness().map(|s| s.json()),
+            "targets": targets_json(targets),
+        });
+        if let (Some(object), Value::Object(extra)) = (report.as_object_mut(), extra) {
+            object.extend(extra);
+        }
+        println!("{report}");
+    }
+}
+
+/// `p99 lateness <= limit` as a target.
+pub fn p99_within(tally: &Tally, limit: Duration) -> Target {
+    let p99 = tally.p99_us();
+    Target::new(
+        format!("p99 lateness <= {}", format_duration(limit)),
+        format!("{} ms", ms(p99)),
+        p99 <= limit.as_micros() as i64,
+    )
+}
