@@ -182,6 +182,25 @@ impl Tally {
         self.lateness().map_or(i64::MAX, |s| s.p99)
     }
 
+    /// When the messages more than a second late were due and when they arrived, in
+    /// seconds from the start of the run (`None` when there were none).
+    pub fn late_window(&self) -> Option<String> {
+        let late = &self.seen.late;
+        let since = |us: u64| us.saturating_sub(self.seen.started_us) as f64 / 1e6;
+        let due_first = late.iter().map(|l| l.0).min()?;
+        let due_last = late.iter().map(|l| l.0).max()?;
+        let arrived_first = late.iter().map(|l| l.1).min()?;
+        let arrived_last = late.iter().map(|l| l.1).max()?;
+        Some(format!(
+            "{} messages more than 1 s late: due from {:.1} s to {:.1} s, arrived from {:.1} s to {:.1} s (from the start)",
+            late.len(),
+            since(due_first),
+            since(due_last),
+            since(arrived_first),
+            since(arrived_last)
+        ))
+    }
+
     /// The target every scenario has: every message delivered or parked.
     pub fn none_missing(&self) -> Target {
         Target::new(
@@ -216,6 +235,9 @@ impl Tally {
             println!("  lateness (arrival - due), ms: {}", Spread::header());
             println!("                               {}", s.row());
         }
+        if let Some(late) = self.late_window() {
+            println!("  {late}");
+        }
         print_targets(targets);
         let mut report = json!({
             "scenario": self.scenario,
@@ -230,6 +252,7 @@ impl Tally {
             "parked_by_reason": self.parked.by_reason,
             "collector_reconnects": self.seen.reconnects,
             "lateness": self.lateness().map(|s| s.json()),
+            "later_than_1s": self.seen.late.len(),
             "targets": targets_json(targets),
         });
         if let (Some(object), Value::Object(extra)) = (report.as_object_mut(), extra) {

@@ -210,6 +210,11 @@ pub struct Seen {
     pub copies: Vec<u32>,
     /// For each first arrival, arrival minus due, µs.
     pub lateness_us: Vec<i64>,
+    /// Due and arrival times (epoch µs) of the first arrivals that came more than a
+    /// second late: when the fault held them and when they moved again.
+    pub late: Vec<(u64, u64)>,
+    /// When the collector started (epoch µs).
+    pub started_us: u64,
     /// Bodies that were not a benchmark body.
     pub foreign: u64,
     /// Connections the collector lost.
@@ -244,6 +249,7 @@ impl FaultCollector {
     pub fn start(urls: Vec<BrokerUrl>, queue: String, expected: u64) -> Self {
         let seen = Arc::new(Mutex::new(Seen {
             copies: vec![0; expected as usize],
+            started_us: now_us(),
             ..Seen::default()
         }));
         let stop = CancellationToken::new();
@@ -332,7 +338,11 @@ async fn collect(
                     seen.copies[seq as usize] += 1;
                     // A stamp of 0: a message without a due time (the fuzz), not timed.
                     if seen.copies[seq as usize] == 1 && due_us > 0 {
-                        seen.lateness_us.push(at as i64 - due_us as i64);
+                        let late = at as i64 - due_us as i64;
+                        seen.lateness_us.push(late);
+                        if late > 1_000_000 {
+                            seen.late.push((due_us, at));
+                        }
                     }
                 }
                 _ => seen.foreign += 1,
