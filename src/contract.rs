@@ -81,6 +81,33 @@ pub mod header {
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
     pub const DEATH_PREFIXES: [&str; 3] = ["x-death", "x-first-death-", "x-last-death-"];
+
+    /// Every header name the contract reads or writes, and those dead-lettering adds: the
+    /// names a hostile or careless publisher may reuse (the fuzz tests send them).
+    pub const ALL: [&str; 22] = [
+        DELAY,
+        DELIVER_AT,
+        PUBLISHED_AT,
+        STATE_DELIVER_AT,
+        STATE_TARGET,
+        STATE_ROUTING_KEY,
+        STATE_EXPIRATION,
+        STATE_USER_ID,
+        STATE_DELIVERY_MODE,
+        STATE_CC,
+        STATE_BCC,
+        CC,
+        BCC,
+        STATE_HOPS,
+        STATE_FIRST_SEEN,
+        STATE_ENTERED_AT,
+        REASON,
+        DETAIL,
+        ORIGINAL_USER_ID,
+        DELIVERY_COUNT,
+        "x-death",
+        "x-first-death-reason",
+    ];
 }
 
 /// `delivery_mode` value of a persistent message.

@@ -748,24 +748,7 @@ mod arbitrary_tables {
     /// Keys the contract reads, keys that look like its own, and any other.
     fn key() -> impl Strategy<Value = String> {
         prop_oneof![
-            prop::sample::select(vec![
-                header::DELAY,
-                header::DELIVER_AT,
-                header::PUBLISHED_AT,
-                header::CC,
-                header::BCC,
-                header::STATE_DELIVER_AT,
-                header::STATE_TARGET,
-                header::STATE_ROUTING_KEY,
-                header::STATE_HOPS,
-                header::STATE_ENTERED_AT,
-                header::STATE_FIRST_SEEN,
-                header::REASON,
-                header::DELIVERY_COUNT,
-                "x-death",
-                "x-first-death-reason",
-            ])
-            .prop_map(str::to_string),
+            prop::sample::select(header::ALL.to_vec()).prop_map(str::to_string),
             "[a-zA-Z0-9_.-]{0,12}",
         ]
     }

@@ -8,6 +8,23 @@ use serde_json::Value;
 
 use crate::bench::bench;
 
+/// `scenario` with a small load (`count` messages at 500/s, delays of 1-3 s) and `extra`.
+async fn reduced(scenario: &str, count: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        scenario,
+        "--count",
+        count,
+        "--rate",
+        "500",
+        "--min-delay",
+        "1s",
+        "--max-delay",
+        "3s",
+    ];
+    args.extend(extra);
+    bench(&args).await
+}
+
 fn assert_nothing_missing(json: &Value) {
     assert_eq!(json["missing"], 0, "{json}");
     assert_eq!(json["targets"][0]["verdict"], "PASS", "{json}");
@@ -15,21 +32,11 @@ fn assert_nothing_missing(json: &Value) {
 
 #[tokio::test]
 async fn fault_connection_cuts_reduced() {
-    let json = bench(&[
+    let json = reduced(
         "connection-cuts",
-        "--count",
         "1500",
-        "--rate",
-        "500",
-        "--min-delay",
-        "1s",
-        "--max-delay",
-        "3s",
-        "--every",
-        "1s",
-        "--cut-for",
-        "3s",
-    ])
+        &["--every", "1s", "--cut-for", "3s"],
+    )
     .await;
     assert_nothing_missing(&json);
     assert!(json["cuts"].as_u64().unwrap() >= 1, "{json}");
@@ -37,21 +44,11 @@ async fn fault_connection_cuts_reduced() {
 
 #[tokio::test]
 async fn fault_bridge_chaos_reduced() {
-    let json = bench(&[
+    let json = reduced(
         "bridge-chaos",
-        "--count",
         "2000",
-        "--rate",
-        "500",
-        "--min-delay",
-        "1s",
-        "--max-delay",
-        "3s",
-        "--min-pause",
-        "1s",
-        "--max-pause",
-        "2s",
-    ])
+        &["--min-pause", "1s", "--max-pause", "2s"],
+    )
     .await;
     assert_nothing_missing(&json);
     assert!(json["kills"].as_u64().unwrap() >= 1, "{json}");

@@ -121,6 +121,29 @@ pub async fn publish(
     })
 }
 
+/// A new channel on `conn` consuming `queue` without acknowledgements (the broker pushes
+/// as fast as it can, 2 000 deliveries at a time), under the consumer tag `tag`.
+pub async fn consume_no_ack(
+    conn: &Connection,
+    queue: &str,
+    tag: &str,
+) -> lapin::Result<(Channel, lapin::Consumer)> {
+    let channel = conn.create_channel().await?;
+    channel.basic_qos(2000, BasicQosOptions::default()).await?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, consumer))
+}
+
 /// What arrived on a collected queue.
 #[derive(Debug, Clone)]
 pub struct Arrivals {
@@ -156,19 +179,7 @@ pub struct Collector {
 impl Collector {
     /// Starts consuming `queue` on `conn`, expecting sequence numbers `0..expected`.
     pub async fn start(conn: &Connection, queue: &str, expected: u64) -> Result<Self> {
-        let channel = conn.create_channel().await?;
-        channel.basic_qos(2000, BasicQosOptions::default()).await?;
-        let mut consumer = channel
-            .basic_consume(
-                queue.into(),
-                "delay-bridge-bench".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let (channel, mut consumer) = consume_no_ack(conn, queue, "delay-bridge-bench").await?;
         let (done_tx, done) = tokio::sync::watch::channel(false);
         let stop = CancellationToken::new();
         let stopped = stop.clone();

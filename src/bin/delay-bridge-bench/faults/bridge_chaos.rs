@@ -14,8 +14,8 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
-use super::traffic::{FaultCollector, publish_through_faults};
-use super::{Load, Tally, read_parked};
+use super::traffic::FaultCollector;
+use super::{Load, Tally, spawn_load, tally_after};
 use crate::Target;
 use crate::measured_bridge::bridge_executable;
 
@@ -87,15 +87,7 @@ async fn measure(sandbox: &Sandbox, args: &Args) -> Result<(Tally, u64)> {
     let urls = sandbox.config.urls.clone();
     let collector = FaultCollector::start(urls.clone(), sandbox.target_queue.clone(), load.count);
     let ingress = sandbox.ingress.clone();
-    let mut publisher = {
-        let (urls, load) = (urls.clone(), load.clone());
-        tokio::spawn(async move {
-            publish_through_faults(&urls, load.count, load.rate, |seq| {
-                load.message(&ingress, seq)
-            })
-            .await
-        })
-    };
+    let mut publisher = spawn_load(urls.clone(), load, ingress);
     let mut kills = 0u64;
     let (min, max) = (
         args.min_pause.as_millis() as u64,
@@ -115,20 +107,11 @@ async fn measure(sandbox: &Sandbox, args: &Args) -> Result<(Tally, u64)> {
             }
         }
     };
-    let deadline = tokio::time::Instant::now() + load.max_delay + Duration::from_secs(60);
-    let seen = collector
-        .finish(load.count, deadline, Duration::from_secs(2))
-        .await?;
+    let grace = Duration::from_secs(60);
+    let names = &sandbox.config.names;
+    let tally = tally_after("bridge-chaos", load, sent, collector, names, grace).await?;
     for bridge in bridges.into_iter().flatten() {
         bridge.terminate(Duration::from_secs(30)).await?;
     }
-    let parked = read_parked(&urls, &sandbox.config.names.parked_queue(), load.count).await?;
-    let tally = Tally {
-        scenario: "bridge-chaos",
-        count: load.count,
-        sent,
-        seen,
-        parked,
-    };
     Ok((tally, kills))
 }

@@ -18,8 +18,8 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
-use super::traffic::{FaultCollector, connect_any, publish_through_faults};
-use super::{Load, Tally, read_parked};
+use super::traffic::{FaultCollector, connect_any};
+use super::{Load, Tally, spawn_load, tally_after};
 use crate::Target;
 use crate::measured_bridge::bridge_executable;
 
@@ -143,15 +143,7 @@ async fn measure(
     let others = rotated(&urls, 1);
     let collector = FaultCollector::start(others.clone(), sandbox.target_queue.clone(), load.count);
     let ingress = sandbox.ingress.clone();
-    let publisher = {
-        let (urls, load) = (others.clone(), load.clone());
-        tokio::spawn(async move {
-            publish_through_faults(&urls, load.count, load.rate, |seq| {
-                load.message(&ingress, seq)
-            })
-            .await
-        })
-    };
+    let publisher = spawn_load(others.clone(), load, ingress);
     let started = tokio::time::Instant::now();
     tokio::time::sleep_until(started + args.kill_after).await;
     shell(&args.kill).await?;
@@ -170,21 +162,12 @@ async fn measure(
         None => Some(consuming_again(&others, &work_queue).await? - killed),
     };
     let sent = publisher.await.context("the publisher task")??;
-    let deadline = tokio::time::Instant::now() + load.max_delay + Duration::from_secs(60);
-    let seen = collector
-        .finish(load.count, deadline, Duration::from_secs(2))
-        .await?;
+    let grace = Duration::from_secs(60);
+    let names = &sandbox.config.names;
+    let tally = tally_after(name, load, sent, collector, names, grace).await?;
     for bridge in bridges {
         bridge.terminate(Duration::from_secs(30)).await?;
     }
-    let parked = read_parked(&others, &sandbox.config.names.parked_queue(), load.count).await?;
-    let tally = Tally {
-        scenario: name,
-        count: load.count,
-        sent,
-        seen,
-        parked,
-    };
     Ok((tally, failover))
 }
 

@@ -11,8 +11,8 @@ use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
-use super::traffic::{FaultCollector, publish_through_faults};
-use super::{Load, Tally, p99_within, read_parked};
+use super::traffic::FaultCollector;
+use super::{Load, Tally, p99_within, spawn_load, tally_after};
 use crate::broker_memory::Ctl;
 use crate::measured_bridge::MeasuredBridge;
 
@@ -64,15 +64,7 @@ async fn measure(sandbox: &Sandbox, args: &Args, ctl: &Ctl) -> Result<(Tally, u6
     let urls = sandbox.config.urls.clone();
     let collector = FaultCollector::start(urls.clone(), sandbox.target_queue.clone(), load.count);
     let ingress = sandbox.ingress.clone();
-    let publisher = {
-        let (urls, load) = (urls.clone(), load.clone());
-        tokio::spawn(async move {
-            publish_through_faults(&urls, load.count, load.rate, |seq| {
-                load.message(&ingress, seq)
-            })
-            .await
-        })
-    };
+    let publisher = spawn_load(urls.clone(), load, ingress);
     let name = format!("delay-bridge {}", sandbox.prefix());
     let started = tokio::time::Instant::now();
     let mut cuts = 0;
@@ -83,19 +75,10 @@ async fn measure(sandbox: &Sandbox, args: &Args, ctl: &Ctl) -> Result<(Tally, u6
         next_cut += args.every;
     }
     let sent = publisher.await.context("the publisher task")??;
-    let deadline = tokio::time::Instant::now() + load.max_delay + Duration::from_secs(30);
-    let seen = collector
-        .finish(load.count, deadline, Duration::from_secs(2))
-        .await?;
+    let grace = Duration::from_secs(30);
+    let names = &sandbox.config.names;
+    let tally = tally_after("connection-cuts", load, sent, collector, names, grace).await?;
     bridge.stop().await?;
-    let parked = read_parked(&urls, &sandbox.config.names.parked_queue(), load.count).await?;
-    let tally = Tally {
-        scenario: "connection-cuts",
-        count: load.count,
-        sent,
-        seen,
-        parked,
-    };
     Ok((tally, cuts))
 }
 

@@ -165,30 +165,14 @@ fn random_properties(rng: &mut impl Rng) -> BasicProperties {
     p
 }
 
-/// Names the contract reads or keeps for itself, and any other.
-const KEYS: &[&str] = &[
-    header::DELAY,
-    header::DELIVER_AT,
-    header::PUBLISHED_AT,
-    header::CC,
-    header::BCC,
-    header::STATE_DELIVER_AT,
-    header::STATE_TARGET,
-    header::STATE_ROUTING_KEY,
-    header::STATE_HOPS,
-    header::STATE_ENTERED_AT,
-    header::REASON,
-    header::DELIVERY_COUNT,
-    "x-death",
-    "x-first-death-queue",
-    "",
-];
-
 fn random_table(rng: &mut impl Rng, depth: u32) -> FieldTable {
     let mut table = FieldTable::default();
     for _ in 0..rng.random_range(0..8) {
+        // The contract's own names, an empty one, or any other.
         let key = if rng.random_bool(0.5) {
-            KEYS[rng.random_range(0..KEYS.len())].to_string()
+            header::ALL[rng.random_range(0..header::ALL.len())].to_string()
+        } else if rng.random_bool(0.05) {
+            String::new()
         } else {
             random_text(rng, 20)
         };

@@ -14,16 +14,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 use serde_json::{Value, json};
 
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::BrokerUrl;
 use delay_bridge::contract::header;
 use delay_bridge::ladder::{format_duration, parse_duration};
+use delay_bridge::naming::Names;
 
-use super::load::{Outgoing, due_at, read_body};
+use super::load::{Outgoing, consume_no_ack, due_at, read_body};
 use super::{Spread, Target, ms, print_targets, targets_json};
 use traffic::{Seen, Sent};
 
@@ -79,6 +79,46 @@ impl Load {
     }
 }
 
+/// Publishes `load` to `ingress` through `urls` in a task of its own.
+pub fn spawn_load(
+    urls: Vec<BrokerUrl>,
+    load: &Load,
+    ingress: String,
+) -> tokio::task::JoinHandle<Result<Sent>> {
+    let load = load.clone();
+    tokio::spawn(async move {
+        traffic::publish_through_faults(&urls, load.count, load.rate, |seq| {
+            load.message(&ingress, seq)
+        })
+        .await
+    })
+}
+
+/// Ends a scenario once its load is published: waits for every message, up to the longest
+/// delay plus `grace`, then reads the bridge's parked queue (named by `names`) and tallies.
+pub async fn tally_after(
+    scenario: &'static str,
+    load: &Load,
+    sent: Sent,
+    collector: traffic::FaultCollector,
+    names: &Names,
+    grace: Duration,
+) -> Result<Tally> {
+    let deadline = tokio::time::Instant::now() + load.max_delay + grace;
+    let urls = collector.urls.clone();
+    let seen = collector
+        .finish(load.count, deadline, Duration::from_secs(2))
+        .await?;
+    let parked = read_parked(&urls, &names.parked_queue(), load.count).await?;
+    Ok(Tally {
+        scenario,
+        count: load.count,
+        sent,
+        seen,
+        parked,
+    })
+}
+
 /// What the parked queue held at the end of a scenario.
 #[derive(Debug, Clone, Default)]
 pub struct Parked {
@@ -100,18 +140,7 @@ impl Parked {
 pub async fn read_parked(urls: &[BrokerUrl], queue: &str, expected: u64) -> Result<Parked> {
     let mut next = 0;
     let conn = traffic::connect_any(urls, &mut next, "delay-bridge faults parked reader").await?;
-    let channel = conn.create_channel().await?;
-    channel.basic_qos(1000, BasicQosOptions::default()).await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "delay-bridge-faults-parked".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    let (_channel, mut consumer) = consume_no_ack(&conn, queue, "delay-bridge-faults-parked")
         .await
         .with_context(|| format!("consuming {queue}"))?;
     let mut parked = Parked {

@@ -14,8 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation, Connection};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use delay_bridge::amqp;
 use delay_bridge::config::BrokerUrl;
 
-use crate::load::{CONFIRM_WINDOW, Outgoing, now_us, read_body};
+use crate::load::{CONFIRM_WINDOW, Outgoing, consume_no_ack, now_us, read_body};
 
 /// How long the fault traffic keeps trying to reach a broker before it gives up.
 const RECONNECT_WITHIN: Duration = Duration::from_secs(120);
@@ -239,6 +238,8 @@ impl Seen {
 /// Consumes a queue (auto-ack) on whichever broker answers, reconnecting after a loss, and
 /// counts arrivals per sequence number.
 pub struct FaultCollector {
+    /// The brokers it consumes through.
+    pub urls: Vec<BrokerUrl>,
     seen: Arc<Mutex<Seen>>,
     stop: CancellationToken,
     task: JoinHandle<Result<()>>,
@@ -253,8 +254,13 @@ impl FaultCollector {
             ..Seen::default()
         }));
         let stop = CancellationToken::new();
-        let task = tokio::spawn(collect(urls, queue, seen.clone(), stop.clone()));
-        Self { seen, stop, task }
+        let task = tokio::spawn(collect(urls.clone(), queue, seen.clone(), stop.clone()));
+        Self {
+            urls,
+            seen,
+            stop,
+            task,
+        }
     }
 
     /// Distinct sequence numbers seen so far.
@@ -297,23 +303,8 @@ async fn collect(
             conn = connect_any(&urls, &mut next_url, "delay-bridge faults collector") => conn?,
             _ = stop.cancelled() => return Ok(()),
         };
-        let consumer = async {
-            let channel = conn.create_channel().await?;
-            channel.basic_qos(2000, BasicQosOptions::default()).await?;
-            channel
-                .basic_consume(
-                    queue.as_str().into(),
-                    "delay-bridge-faults".into(),
-                    BasicConsumeOptions {
-                        no_ack: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-        };
-        let mut consumer = match consumer.await {
-            Ok(consumer) => consumer,
+        let mut consumer = match consume_no_ack(&conn, &queue, "delay-bridge-faults").await {
+            Ok((_channel, consumer)) => consumer,
             Err(_) => {
                 next_url += 1;
                 tokio::time::sleep(RECONNECT_PAUSE).await;
