@@ -7,8 +7,10 @@ use std::time::Duration;
 
 /// The first pause after a failed reconnect.
 pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(200);
-/// The longest pause between reconnects.
-pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(30);
+/// The longest pause between reconnects (jitter adds up to as much again): a broker that
+/// comes back after an outage is served again within seconds, while a connection attempt
+/// every few seconds costs a down broker nothing.
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// The pauses between reconnects.
 pub(crate) struct Reconnects {
@@ -54,6 +56,11 @@ mod tests {
         assert!(
             failing[11] >= MAX_PAUSE,
             "backs off to the longest pause: {failing:?}"
+        );
+        // A broker back after a long outage is tried again within 10 s.
+        assert!(
+            failing.iter().all(|d| *d <= Duration::from_secs(10)),
+            "{failing:?}"
         );
         // It worked again: at once, then from the shortest pause.
         assert_eq!(reconnects.pause_after_loss(true), Duration::ZERO);

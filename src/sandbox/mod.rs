@@ -244,10 +244,14 @@ impl Sandbox {
             TargetBinding::Topic(pattern) => (ExchangeKind::Topic, pattern.as_str()),
         };
         let channel = self.channel().await?;
+        // Durable like the queue below: a broker restart must find the route's target.
         let declare_target = channel.exchange_declare(
             self.target.as_str().into(),
             kind,
-            ExchangeDeclareOptions::default(),
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
             FieldTable::default(),
         );
         declare_target
