@@ -86,7 +86,7 @@ async fn measure(sandbox: &Sandbox, args: &Args) -> Result<Tally> {
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let ingress = sandbox.ingress.clone();
     let mut rng = rand::rng();
-    publish(&channel, args.count, None, |seq| Outgoing {
+    let published = publish(&channel, args.count, None, |seq| Outgoing {
         exchange: ingress.as_str().into(),
         routing_key: "fuzz".into(),
         body: body(seq, 0, 16),
@@ -123,6 +123,11 @@ async fn measure(sandbox: &Sandbox, args: &Args) -> Result<Tally> {
         count: args.count,
         sent: Sent {
             confirmed: args.count,
+            rate: args.count as f64 * 1e6
+                / published
+                    .confirmed_us
+                    .saturating_sub(published.started_us)
+                    .max(1) as f64,
             ..Sent::default()
         },
         seen,

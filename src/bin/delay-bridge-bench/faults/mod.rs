@@ -247,8 +247,9 @@ impl Tally {
             println!("  {line}");
         }
         println!(
-            "  sent {} (confirmed {}, sent again {} after {} lost publisher connections), delivered {}, missing {}, duplicates {}, parked {}",
+            "  sent {} at {:.0}/s (confirmed {}, sent again {} after {} lost publisher connections), delivered {}, missing {}, duplicates {}, parked {}",
             self.count,
+            self.sent.rate,
             self.sent.confirmed,
             self.sent.resent,
             self.sent.reconnects,
@@ -272,6 +273,7 @@ impl Tally {
             "scenario": self.scenario,
             "count": self.count,
             "confirmed": self.sent.confirmed,
+            "publish_rate": self.sent.rate.round(),
             "publisher_resent": self.sent.resent,
             "publisher_reconnects": self.sent.reconnects,
             "delivered": self.seen.delivered(),
