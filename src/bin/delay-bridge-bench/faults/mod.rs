@@ -258,6 +258,12 @@ impl Tally {
             self.seen.duplicates(),
             self.parked.total()
         );
+        if self.seen.foreign > 0 {
+            println!(
+                "  {} arrivals on the target were no message of this run",
+                self.seen.foreign
+            );
+        }
         if !self.parked.by_reason.is_empty() {
             println!("  parked by reason: {:?}", self.parked.by_reason);
         }
@@ -282,6 +288,7 @@ impl Tally {
             "parked": self.parked.total(),
             "parked_by_reason": self.parked.by_reason,
             "collector_reconnects": self.seen.reconnects,
+            "foreign": self.seen.foreign,
             "lateness": self.lateness().map(|s| s.json()),
             "later_than_1s": self.seen.late.len(),
             "targets": targets_json(targets),
