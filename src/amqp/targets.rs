@@ -3,12 +3,15 @@
 //! Publishing to a missing exchange makes the broker close the channel (404) and fail every
 //! confirm pending on it; so does a refused message (403, 406). With a channel per target,
 //! only publishes to that same target fail; a closed channel is replaced on next use.
+//! Private channels for single publishes are few at a time, so that a burst of refusals
+//! cannot run the connection out of channels.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::Connection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::publisher::Publisher;
 
@@ -23,6 +26,30 @@ pub struct TargetChannels {
     /// deliveries to a target that has no channel yet open one between them, not one each
     /// (which ran the connection out of channels in a burst).
     opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Permits for private channels: at most [`ISOLATED_AT_ONCE`] open at a time.
+    isolated: Arc<Semaphore>,
+}
+
+/// Private single-publish channels open at once, at most (a connection has 2047).
+pub const ISOLATED_AT_ONCE: usize = 16;
+
+/// A private confirm channel for one publish, counted against [`ISOLATED_AT_ONCE`] until
+/// it is closed.
+pub struct Isolated {
+    publisher: Publisher,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Isolated {
+    /// The channel to publish on.
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// Closes the channel and gives its place back.
+    pub async fn close(self, reason: &str) {
+        self.publisher.close(reason).await;
+    }
 }
 
 impl TargetChannels {
@@ -34,6 +61,7 @@ impl TargetChannels {
             confirm_timeout,
             channels: Mutex::new(HashMap::new()),
             opening: Mutex::new(HashMap::new()),
+            isolated: Arc::new(Semaphore::new(ISOLATED_AT_ONCE)),
         }
     }
 
@@ -73,9 +101,18 @@ impl TargetChannels {
 
     /// A private confirm channel for one publish that must not share the fate of others
     /// (after a refusal: every publish pending on a closed channel gets the same error).
-    /// The caller closes it.
-    pub async fn isolated(&self) -> Result<Publisher, lapin::Error> {
-        Publisher::open(&self.connection, self.confirm_timeout).await
+    /// Waits while [`ISOLATED_AT_ONCE`] are open. The caller closes it.
+    pub async fn isolated(&self) -> Result<Isolated, lapin::Error> {
+        let permit = self
+            .isolated
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the isolation semaphore is never closed");
+        Ok(Isolated {
+            publisher: Publisher::open(&self.connection, self.confirm_timeout).await?,
+            _permit: permit,
+        })
     }
 
     fn open_channel(&self, target: &str) -> Option<Publisher> {

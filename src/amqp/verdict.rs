@@ -27,10 +27,49 @@ pub enum Verdict {
         reason: ParkReason,
         /// The broker's words.
         detail: String,
+        /// What the refusal blames, as far as the broker's words tell.
+        culprit: Culprit,
     },
     /// The channel or connection is gone, or no confirm came in time: try again on a new
     /// channel; when that keeps failing, reconnect.
     Lost(PublishError),
+}
+
+/// What a refusal that closed a channel blames. Every publish pending on that channel gets
+/// the same error, so this says which of them the broker meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Culprit {
+    /// The exchange published to (404 missing, 403 internal or forbidden): every publish to
+    /// it is refused alike.
+    Destination,
+    /// The message whose body is this many bytes (406, over `max_message_size`).
+    SizeOf(u64),
+    /// One message on the channel, which one the broker does not say (any other 406).
+    SomeMessage,
+}
+
+/// Whose a refusal is, as far as one message can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    /// This message's: it counts towards parking it.
+    Ours,
+    /// Another message's (another size was named): publish again.
+    Others,
+    /// Not known: only a publish on a private channel tells.
+    Unknown,
+}
+
+/// Whose a refusal blaming `culprit` is for a message with a `body_len`-byte body,
+/// published `alone` on a private channel or on a channel shared by every publish to the
+/// same `exchange_channel` (a target's own channel: its publishes all go to one exchange).
+pub fn whose(culprit: Culprit, exchange_channel: bool, alone: bool, body_len: u64) -> Whose {
+    match culprit {
+        _ if alone => Whose::Ours,
+        Culprit::Destination if exchange_channel => Whose::Ours,
+        Culprit::SizeOf(size) if size == body_len => Whose::Ours,
+        Culprit::SizeOf(_) => Whose::Others,
+        Culprit::Destination | Culprit::SomeMessage => Whose::Unknown,
+    }
 }
 
 /// Classifies a publish attempt.
@@ -42,14 +81,16 @@ pub fn verdict(result: Result<Published, PublishError>) -> Verdict {
         Err(PublishError::Broker(e)) => {
             let refused = match e.kind() {
                 lapin::ErrorKind::ProtocolError(amqp) => {
-                    refusal(amqp.get_id(), amqp.get_message().as_str())
+                    let (code, text) = (amqp.get_id(), amqp.get_message().as_str());
+                    refusal(code, text).map(|reason| (reason, culprit(code, text)))
                 }
                 _ => None,
             };
             match refused {
-                Some(reason) => Verdict::Refused {
+                Some((reason, culprit)) => Verdict::Refused {
                     reason,
                     detail: e.to_string(),
+                    culprit,
                 },
                 None => Verdict::Lost(PublishError::Broker(e)),
             }
@@ -73,6 +114,21 @@ pub fn refusal(code: u16, text: &str) -> Option<ParkReason> {
         // Any other precondition the message fails (an invalid expiration, ...).
         406 => Some(ParkReason::TargetRefused),
         _ => None,
+    }
+}
+
+/// What a refusal with `code` and `text` blames (see [`Culprit`]).
+pub fn culprit(code: u16, text: &str) -> Culprit {
+    match code {
+        403 | 404 => Culprit::Destination,
+        // "PRECONDITION_FAILED - message size 4096 is larger than configured max size 1024"
+        406 => text
+            .split("message size ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|size| size.parse().ok())
+            .map_or(Culprit::SomeMessage, Culprit::SizeOf),
+        _ => Culprit::SomeMessage,
     }
 }
 
@@ -118,6 +174,62 @@ mod tests {
         ];
         for (code, text, expected) in cases {
             assert_eq!(refusal(code, text), expected, "{code} {text}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_blames_the_destination_the_message_of_a_size_or_some_message() {
+        let cases = [
+            (
+                404,
+                "NOT_FOUND - no exchange 'x' in vhost '/'",
+                Culprit::Destination,
+            ),
+            (
+                403,
+                "ACCESS_REFUSED - cannot publish to internal exchange 'x'",
+                Culprit::Destination,
+            ),
+            (
+                406,
+                "PRECONDITION_FAILED - message size 4096 is larger than configured max size 1024",
+                Culprit::SizeOf(4096),
+            ),
+            (
+                406,
+                "PRECONDITION_FAILED - message size lots is larger than configured max size 1",
+                Culprit::SomeMessage,
+            ),
+            (
+                406,
+                "PRECONDITION_FAILED - invalid expiration",
+                Culprit::SomeMessage,
+            ),
+        ];
+        for (code, text, expected) in cases {
+            assert_eq!(culprit(code, text), expected, "{code} {text}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_ours_alone_for_our_target_or_at_our_size() {
+        use Culprit::*;
+        let cases = [
+            // (culprit, exchange channel, alone, body length, whose)
+            (SomeMessage, true, true, 10, Whose::Ours),
+            (SizeOf(99), false, true, 10, Whose::Ours),
+            (Destination, true, false, 10, Whose::Ours),
+            (Destination, false, false, 10, Whose::Unknown),
+            (SizeOf(10), false, false, 10, Whose::Ours),
+            (SizeOf(99), true, false, 10, Whose::Others),
+            (SomeMessage, true, false, 10, Whose::Unknown),
+        ];
+        for (culprit, exchange_channel, alone, len, expected) in cases {
+            assert_eq!(
+                whose(culprit, exchange_channel, alone, len),
+                expected,
+                "{culprit:?} exchange channel {exchange_channel} alone {alone} len {len}"
+            );
         }
     }
 

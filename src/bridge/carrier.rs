@@ -12,11 +12,12 @@ use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::refusals::TargetRefusals;
 use super::{BridgeError, Shared};
-use crate::amqp::publisher::Publisher;
+use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
-use crate::amqp::verdict::{Verdict, verdict};
+use crate::amqp::verdict::{Culprit, Verdict, Whose, verdict, whose};
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
@@ -47,6 +48,9 @@ pub(super) struct Carrier {
     /// One confirm channel per target exchange, and the bridge's own ([`OWN_CHANNEL`]):
     /// a channel the broker closed (a refused message) is replaced on next use.
     targets: Arc<TargetChannels>,
+    /// Targets that refused a publish a moment ago: the messages pending with it share its
+    /// answer.
+    refusals: Arc<std::sync::Mutex<TargetRefusals>>,
     /// The negotiated frame size: a content header must fit in one frame, or the broker
     /// closes the connection.
     frame_max: u32,
@@ -106,7 +110,7 @@ enum Settled {
     Failed(BridgeError),
 }
 
-/// Attempts refused on a private channel before a message is parked.
+/// Refusals that were this message's (see [`Culprit`]) before it is parked.
 const REFUSED_ATTEMPTS: u32 = 3;
 /// Lost channels tolerated for one publish before the session is renewed.
 const LOST_ATTEMPTS: u32 = 3;
@@ -144,6 +148,7 @@ impl Carrier {
         Self {
             shared,
             targets,
+            refusals: Arc::default(),
             frame_max: connection.configuration().frame_max(),
             events,
             stop,
@@ -460,12 +465,18 @@ impl Carrier {
     ///   new session (it redeclares);
     /// - nacked: back off and retry; a target that refuses longer than
     ///   `bridge.target_full_timeout` parks it `target-full`;
-    /// - refused (403, 404, 406): the next attempts go on a private channel, since every
-    ///   publish pending on the closed channel got the same error; refused alone
+    /// - refused (403, 404, 406): every publish pending on the closed channel got the same
+    ///   error, so the [`Culprit`] decides whose it is. A target missing or forbidden (404,
+    ///   403 on its own channel) refuses every message alike: each counts it, and for
+    ///   [`refusals::MEMORY`](super::refusals::MEMORY) the messages after it count that
+    ///   refusal without asking again. A size refusal is this message's when the size is
+    ///   its body's; any other 406 is tried on a private channel to find out (at most
+    ///   [`ISOLATED_AT_ONCE`](crate::amqp::targets::ISOLATED_AT_ONCE) at a time). Refused
     ///   [`REFUSED_ATTEMPTS`] times, a target parks it with the refusal's reason, and so
     ///   does the bridge's own topology for `too-large` (anything else there is a
     ///   configuration fault: a new session, logged);
-    /// - lost (channel or connection gone, no confirm in time): retry, then a new session.
+    /// - lost (channel or connection gone or not opened, no confirm in time): retry, then a
+    ///   new session.
     ///
     /// While it backs off the delivery counts as held, so the acks of others go on.
     async fn publish_until_settled(&self, attempt: Attempt<'_>) -> Settled {
@@ -482,34 +493,24 @@ impl Carrier {
         }
         let mut delays = retry_delays();
         let mut lost = 0u32;
-        let mut refused_alone = 0u32;
+        let mut refused = 0u32;
+        let mut blamed_others = 0u32;
         let mut alone = false;
         let mut nacked_since = None;
         loop {
-            let publisher = if alone {
-                self.targets.isolated().await
-            } else {
-                match attempt.destination {
-                    Destination::Own(_) => self.targets.get(OWN_CHANNEL).await,
-                    Destination::Target(target) => self.targets.get(target).await,
+            // A remembered refusal is not noted again: it lapses on time, and the next
+            // publish asks the target anew.
+            let verdict = match self.remembered_refusal(&attempt, alone) {
+                Some(remembered) => remembered,
+                None => {
+                    let answer = self.publish_once(&attempt, alone).await;
+                    if let Destination::Target(target) = attempt.destination {
+                        self.note_answer(target, &answer);
+                    }
+                    answer
                 }
             };
-            let publisher = match publisher {
-                Ok(publisher) => publisher,
-                Err(e) => return Settled::Failed(BridgeError::broker("opening a channel")(e)),
-            };
-            let result = publisher
-                .publish(
-                    attempt.exchange.clone(),
-                    attempt.routing_key.clone(),
-                    attempt.body,
-                    attempt.properties.clone(),
-                )
-                .await;
-            if alone {
-                publisher.close("delay-bridge: single publish done").await;
-            }
-            match verdict(result) {
+            match verdict {
                 Verdict::Routed => return Settled::Routed,
                 Verdict::Returned { code, text } => {
                     return match attempt.destination {
@@ -542,13 +543,29 @@ impl Carrier {
                         ));
                     }
                 }
-                Verdict::Refused { reason, detail } => {
-                    if alone {
-                        refused_alone += 1;
+                Verdict::Refused {
+                    reason,
+                    detail,
+                    culprit,
+                } => {
+                    let exchange_channel = matches!(attempt.destination, Destination::Target(_));
+                    match whose(culprit, exchange_channel, alone, attempt.body.len() as u64) {
+                        // A target refusing every publish alike needs no private channel;
+                        // a message refused for itself goes alone to be sure.
+                        Whose::Ours => {
+                            refused += 1;
+                            alone = culprit != Culprit::Destination || !exchange_channel;
+                        }
+                        // Another size blames another message, but only so often: should
+                        // the broker count a size otherwise, this one must still go alone.
+                        Whose::Others => {
+                            blamed_others += 1;
+                            alone = blamed_others >= REFUSED_ATTEMPTS;
+                        }
+                        Whose::Unknown => alone = true,
                     }
-                    alone = true;
-                    if refused_alone >= REFUSED_ATTEMPTS {
-                        let detail = format!("refused {refused_alone} times: {detail}");
+                    if refused >= REFUSED_ATTEMPTS {
+                        let detail = format!("refused {refused} times: {detail}");
                         return match attempt.destination {
                             Destination::Own(what) if reason != ParkReason::TooLarge => {
                                 tracing::error!("{what} refused a publish: {detail}");
@@ -577,6 +594,66 @@ impl Carrier {
         }
     }
 
+    /// The refusal a target gave a moment ago, standing for this attempt without asking the
+    /// broker again (see `bridge::refusals`); `None` on a private channel, for the bridge's
+    /// own queues, or when the target has not refused lately.
+    fn remembered_refusal(&self, attempt: &Attempt<'_>, alone: bool) -> Option<Verdict> {
+        let Destination::Target(target) = attempt.destination else {
+            return None;
+        };
+        if alone {
+            return None;
+        }
+        let (reason, detail) = self
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recent(target, std::time::Instant::now())?;
+        Some(Verdict::Refused {
+            reason,
+            detail,
+            culprit: Culprit::Destination,
+        })
+    }
+
+    /// Remembers what `target` answered: a refusal that blames it stands for a moment; a
+    /// publish it took or returned ends that.
+    fn note_answer(&self, target: &str, verdict: &Verdict) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        match verdict {
+            Verdict::Refused {
+                reason,
+                detail,
+                culprit: Culprit::Destination,
+            } => refusals.refused(target, *reason, detail, std::time::Instant::now()),
+            Verdict::Routed | Verdict::Returned { .. } | Verdict::Nacked => refusals.took(target),
+            Verdict::Refused { .. } | Verdict::Lost(_) => {}
+        }
+    }
+
+    /// One publish of `attempt` on its destination's channel or, `alone`, on a private one
+    /// (closed after it). A channel that cannot be opened is a lost attempt.
+    async fn publish_once(&self, attempt: &Attempt<'_>, alone: bool) -> Verdict {
+        if alone {
+            return match self.targets.isolated().await {
+                Ok(isolated) => {
+                    let result = publish_on(isolated.publisher(), attempt).await;
+                    isolated.close("delay-bridge: single publish done").await;
+                    verdict(result)
+                }
+                Err(e) => Verdict::Lost(PublishError::Broker(e)),
+            };
+        }
+        let key = match attempt.destination {
+            Destination::Own(_) => OWN_CHANNEL,
+            Destination::Target(target) => target,
+        };
+        match self.targets.get(key).await {
+            Ok(publisher) => verdict(publish_on(&publisher, attempt).await),
+            Err(e) => Verdict::Lost(PublishError::Broker(e)),
+        }
+    }
+
     /// Parks a message that was decoded, from its envelope (boxed: parking is rare, and the
     /// delivery future stays small without it).
     async fn park_read(
@@ -589,4 +666,19 @@ impl Carrier {
         let consumed = consumed_properties(envelope);
         Box::pin(self.park(tag, body, &envelope.routing_key, &consumed, &parked)).await
     }
+}
+
+/// Publishes `attempt` once on `publisher`.
+async fn publish_on(
+    publisher: &Publisher,
+    attempt: &Attempt<'_>,
+) -> Result<crate::amqp::Published, PublishError> {
+    publisher
+        .publish(
+            attempt.exchange.clone(),
+            attempt.routing_key.clone(),
+            attempt.body,
+            attempt.properties.clone(),
+        )
+        .await
 }

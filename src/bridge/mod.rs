@@ -7,6 +7,7 @@ mod cancels;
 mod carrier;
 mod reconnect;
 mod redeliveries;
+mod refusals;
 mod session;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -169,3 +169,82 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
     assert_eq!(stats.snapshot().delivered, 0);
     w.cleanup().await;
 }
+
+/// 3 000 messages due at one instant to a target exchange that does not exist: every one is
+/// parked `target-missing` once, on the session it started on. Each 404 closes the target's
+/// channel and fails every publish pending on it; before the refusal was judged once per
+/// target, each of them retried on a private channel of its own, the connection ran out of
+/// channels ("maximum number of channels reached"), the session ended, and the redeliveries
+/// that followed parked messages `redelivery-limit` instead.
+#[tokio::test]
+async fn a_burst_to_a_missing_target_parks_every_message_target_missing_on_one_session() {
+    const N: usize = 3_000;
+    let other = format!("burst-missing-{:08x}", rand::random::<u32>());
+    let ingress = format!("{other}.in");
+    let mut w = World::start(Setup {
+        extra_routes: vec![(ingress.clone(), format!("{other}.nowhere"))],
+        start_bridge: false,
+        ..Setup::new("burst-missing")
+    })
+    .await;
+    let deliver_at = delay_bridge::clock::now_ms() + 3_000;
+    let mut confirms = Vec::with_capacity(N);
+    for i in 0..N {
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(i.to_string().into())
+            .with_headers(headers(vec![(
+                "x-deliver-at",
+                AMQPValue::LongLongInt(deliver_at as i64),
+            )]));
+        let confirm = w
+            .publisher
+            .basic_publish(
+                ingress.as_str().into(),
+                "rk.missing".into(),
+                Default::default(),
+                b"missing",
+                properties,
+            )
+            .await
+            .unwrap();
+        confirms.push(confirm);
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+    w.start_bridge().await;
+
+    let mut parked = std::collections::HashMap::<String, u32>::new();
+    let mut reasons = std::collections::BTreeMap::<String, u32>::new();
+    let deadline = std::time::Instant::now() + 90 * SEC;
+    while parked.len() < N {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match w.next_arrival(left).await {
+            Some(Arrival::Parked(m)) => {
+                let why = match reason(&m) {
+                    Some(AMQPValue::LongString(s)) => s.to_string(),
+                    other => format!("{other:?}"),
+                };
+                *reasons.entry(why).or_default() += 1;
+                let id = m.properties.message_id().clone().unwrap().to_string();
+                *parked.entry(id).or_default() += 1;
+            }
+            Some(Arrival::Target(m)) => panic!("delivered to a missing target: {m:?}"),
+            None => break,
+        }
+    }
+    assert_eq!(
+        parked.len(),
+        N,
+        "parked {} of {N}: {reasons:?}",
+        parked.len()
+    );
+    assert_eq!(
+        reasons.get("target-missing").copied(),
+        Some(N as u32),
+        "every one parked target-missing: {reasons:?}"
+    );
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
+    w.assert_quiet(Duration::from_millis(500)).await;
+    w.cleanup().await;
+}
