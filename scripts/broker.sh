@@ -3,6 +3,8 @@
 #   1. a broker already answering is used as it is;
 #   2. else an installed rabbitmq-server is started (rabbitmq-server -detached);
 #   3. else Debian's rabbitmq-server package is installed (needs root) and started.
+# Then, for the broker on 5672, makes sure its management API answers on 127.0.0.1:15672
+# (the plugin is enabled when it does not; the bridge's stuck-level watch reads it).
 # Waits for the broker with a deadline (BROKER_WAIT_SECONDS, default 120). Idempotent.
 set -euo pipefail
 
@@ -46,8 +48,31 @@ wait_for_broker() {
   done
 }
 
+# The management API on 127.0.0.1:15672, for the default broker only (another port is a
+# broker someone else configures).
+management() {
+  [ "$port" = 5672 ] || return 0
+  api() { curl -sf -o /dev/null -u guest:guest "http://$host:15672/api/overview"; }
+  api && return 0
+  PATH=$PATH:/usr/sbin:/usr/lib/rabbitmq/bin
+  if [ "$(id -u)" -ne 0 ] && [ "$(id -un)" != rabbitmq ]; then
+    say "the management API does not answer on $host:15672 and enabling it needs root:"
+    say "  sudo rabbitmq-plugins enable rabbitmq_management"
+    return 0
+  fi
+  say "enabling the management plugin"
+  rabbitmq-plugins enable rabbitmq_management >/dev/null
+  local waited=0
+  until api; do
+    (( waited++ < deadline_s )) || { say "the management API did not answer within ${deadline_s}s"; exit 1; }
+    sleep 1
+  done
+  say "the management API answers on $host:15672"
+}
+
 if amqp_answers; then
   say "RabbitMQ already answers on $host:$port; using it"
+  management
   exit 0
 fi
 
@@ -67,6 +92,7 @@ PATH=$PATH:/usr/sbin:/usr/lib/rabbitmq/bin
 
 if amqp_answers; then
   say "RabbitMQ was started by its package; using it"
+  management
   exit 0
 fi
 
@@ -80,3 +106,4 @@ rabbitmq-server -detached || true
 timeout "$deadline_s" rabbitmqctl await_startup >/dev/null 2>&1 || true
 wait_for_broker
 say "RabbitMQ is up on $host:$port ($(rabbitmqctl version 2>/dev/null || echo 'version unknown'))"
+management

@@ -8,7 +8,8 @@
 #
 # It is Debian trixie's rabbitmq-server (4.0.x, Erlang 27) in a debootstrap chroot, so the
 # host's packages are untouched. Node rabbit4@localhost, AMQP 127.0.0.1:${RMQ4_PORT:-5673},
-# distribution port 25673, epmd port 4370; guest/guest works from loopback. Installing
+# distribution port 25673, epmd port 4370, management API 127.0.0.1:15673; guest/guest
+# works from loopback. Installing
 # needs root, the Debian mirror apt already uses, ~40 s and ~330 MB. Idempotent.
 set -euo pipefail
 
@@ -16,6 +17,7 @@ root=${RMQ4_ROOT:-/var/lib/delay-bridge/rabbitmq-4-trixie}
 port=${RMQ4_PORT:-5673}
 dist_port=${RMQ4_DIST_PORT:-25673}
 epmd_port=${RMQ4_EPMD_PORT:-4370}
+management_port=${RMQ4_MANAGEMENT_PORT:-15673}
 node=rabbit4@localhost
 suite=trixie
 deadline_s=${BROKER_WAIT_SECONDS:-120}
@@ -91,6 +93,10 @@ install() {
 }
 
 configure() {
+  # The management API on 127.0.0.1:15673 (3.x has 15672).
+  echo '[rabbitmq_management].' >"$root/etc/rabbitmq/enabled_plugins"
+  printf 'management.tcp.port = %s\nmanagement.tcp.ip = 127.0.0.1\n' "$management_port" \
+    >"$root/etc/rabbitmq/rabbitmq.conf"
   cat >"$root/etc/rabbitmq/rabbitmq-env.conf" <<EOF
 NODENAME=$node
 NODE_PORT=$port

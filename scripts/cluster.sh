@@ -9,10 +9,12 @@
 #   bash scripts/cluster.sh stop          # stop every node (data is kept for the next start)
 #   bash scripts/cluster.sh ctl N ARGS..  # rabbitmqctl against node N
 #   bash scripts/cluster.sh urls          # the AMQP URL of every node, one a line
+#   bash scripts/cluster.sh management-urls  # the management API of every node, one a line
 #   bash scripts/cluster.sh start-solo    # node 4: a single broker of its own, never clustered
 #                                         # (for broker-crash faults; kill 4 / restart 4 / stop)
 #
-# Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, Erlang distribution 2568N, data, logs,
+# Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, management API 127.0.0.1:1568N,
+# Erlang distribution 2568N, data, logs,
 # config and its own Erlang cookie under $CLUSTER_DIR/nodeN (default
 # /var/lib/delay-bridge/cluster; the cookie is shared by all three). Every node's
 # advanced.config lowers dead_letter_worker_publisher_confirm_timeout to 2000 ms: without it a
@@ -33,6 +35,7 @@ die() { say "$*" >&2; exit 1; }
 node_name() { echo "rabbit-c$1@localhost"; }
 amqp_port() { echo $((5680 + $1)); }
 dist_port() { echo $((25680 + $1)); }
+management_port() { echo $((15680 + $1)); }
 
 # The environment of node N, for the server and for the CLI tools alike.
 node_env() {
@@ -70,9 +73,10 @@ prepare() {
     chmod 400 "$dir/.erlang.cookie"
   fi
   : > "$base/rabbitmq-env.conf"
-  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n' "$(amqp_port "$n")" > "$base/rabbitmq.conf"
+  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\nmanagement.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %s\n' \
+    "$(amqp_port "$n")" "$(management_port "$n")" > "$base/rabbitmq.conf"
   echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 2000}]}].' > "$base/advanced.config"
-  echo '[].' > "$base/enabled_plugins"
+  echo '[rabbitmq_management].' > "$base/enabled_plugins"
 }
 
 # Starts node N's server in the background (nothing when it runs); see await_node.
@@ -182,8 +186,11 @@ case "${1:-}" in
   urls)
     for n in "${nodes[@]}"; do echo "amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/%2f"; done
     ;;
+  management-urls)
+    for n in "${nodes[@]}"; do echo "http://127.0.0.1:$(management_port "$n")"; done
+    ;;
   *)
-    sed -n '2,24p' "$0"
+    sed -n '2,26p' "$0"
     exit 2
     ;;
 esac

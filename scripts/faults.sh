@@ -25,9 +25,14 @@ bench=./target/release/delay-bridge-bench
 export RUST_LOG=${RUST_LOG:-error}
 
 # A configuration for the bench: its prefix and route are replaced by each scenario's own.
+# With management API URLs after the queue type, its bridges watch for stuck levels.
 config() {
   local file=target/faults/$1.toml
-  printf '[topology]\nqueue_type = "%s"\n\n[[route]]\ningress = "unused.in"\ntarget = "unused.out"\n' "$1" > "$file"
+  printf '[topology]\nqueue_type = "%s"\n\n' "$1" > "$file"
+  if [ $# -gt 1 ]; then
+    printf '[management]\nurls = [%s]\ninterval = "1s"\nstuck_after = "5s"\n\n' "$2" >> "$file"
+  fi
+  printf '[[route]]\ningress = "unused.in"\ntarget = "unused.out"\n' >> "$file"
   echo "$file"
 }
 
@@ -55,7 +60,10 @@ for scenario in "${scenarios[@]}"; do
       ;;
     node-loss)
       bash scripts/cluster.sh start
-      DELAY_BRIDGE_URL=$(cluster_urls) run "$scenario" $bench --config "$(config quorum)" node-loss \
+      # Its bridges (which log warnings) watch the levels through the management API.
+      management=$(bash scripts/cluster.sh management-urls | sed 's/.*/"&"/' | paste -sd, -)
+      DELAY_BRIDGE_URL=$(cluster_urls) \
+        run "$scenario" $bench --config "$(config quorum "$management")" node-loss \
         --count 50000 --rate 1000 --min-delay 1s --max-delay 30s \
         --kill "bash scripts/cluster.sh kill 1" --restart "bash scripts/cluster.sh restart 1" \
         --kill-after 10s --restart-after 25s --bridges 2

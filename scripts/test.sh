@@ -53,6 +53,7 @@ if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
   set +e
   DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:5673/%2f" \
     DELAY_BRIDGE_TEST_CTL="bash scripts/broker4.sh ctl" \
+    DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:15673" \
     cargo test --features bench --lib --test integration --test alarm --test size_limit 2>&1 | tee "$log4"
   rc=${PIPESTATUS[0]}
   set -e

@@ -104,6 +104,8 @@ pub struct RawConfig {
     pub bridge: RawBridge,
     #[serde(default)]
     pub cancel: RawCancel,
+    #[serde(default, skip_serializing_if = "RawManagement::is_unset")]
+    pub management: RawManagement,
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
 }
@@ -117,6 +119,29 @@ pub struct RawBroker {
     pub url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub urls: Option<Vec<String>>,
+}
+
+/// `[management]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawManagement {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub urls: Option<Vec<String>>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub interval: Option<Duration>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub stuck_after: Option<Duration>,
 }
 
 /// `[topology]`
@@ -276,6 +301,101 @@ impl BrokerUrl {
     }
 }
 
+impl BrokerUrl {
+    /// User, password (RabbitMQ's defaults, `guest`, when absent) and virtual host (`/`
+    /// when the URL names none), decoded.
+    pub fn credentials_and_vhost(&self) -> (String, String, String) {
+        let parsed = url::Url::parse(&self.0).ok();
+        let decode = |text: &str| {
+            url::form_urlencoded::parse(format!("v={}", text.replace('+', "%2B")).as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_else(|| text.to_string())
+        };
+        let password = parsed
+            .as_ref()
+            .and_then(|u| u.password().map(decode))
+            .unwrap_or_else(|| "guest".to_string());
+        let vhost = parsed
+            .as_ref()
+            .map(|u| u.path().trim_start_matches('/').to_string())
+            .filter(|p| !p.is_empty())
+            .map(|p| decode(&p))
+            .unwrap_or_else(|| "/".to_string());
+        (self.user(), password, vhost)
+    }
+}
+
+/// The base URL of a node's management HTTP API (`http://host:15672`), whose `Display`
+/// and `Debug` redact a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ManagementUrl(url::Url);
+
+impl ManagementUrl {
+    /// Checks the scheme (`http` or `https`) and wraps the URL.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let parsed = url::Url::parse(text).map_err(|e| {
+            invalid(
+                "management.url",
+                redact_url(text),
+                format!("not a URL ({e})"),
+            )
+        })?;
+        if parsed.scheme() != "http" {
+            return Err(invalid(
+                "management.url",
+                redact_url(text),
+                "the scheme must be http:// (the management API's own listener, for example http://127.0.0.1:15672)",
+            ));
+        }
+        Ok(Self(parsed))
+    }
+
+    /// The URL without its credentials.
+    pub fn base(&self) -> url::Url {
+        let mut base = self.0.clone();
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        base
+    }
+
+    /// The user and password the URL carries, if it names a user.
+    pub fn credentials(&self) -> Option<(String, String)> {
+        let user = self.0.username();
+        (!user.is_empty()).then(|| {
+            (
+                user.to_string(),
+                self.0.password().unwrap_or_default().to_string(),
+            )
+        })
+    }
+}
+
+impl fmt::Display for ManagementUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(self.0.as_str()))
+    }
+}
+
+impl fmt::Debug for ManagementUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ManagementUrl({self})")
+    }
+}
+
+/// The management API, read to see what AMQP does not show (levels whose expired messages
+/// are not forwarded).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagementConfig {
+    /// Nodes to ask, in order: any node answers for the whole cluster.
+    pub urls: Vec<ManagementUrl>,
+    /// How often the bridge reads the figures.
+    pub interval: Duration,
+    /// How long a level may hold expired messages its dead-letter worker has not forwarded
+    /// before the bridge warns.
+    pub stuck_after: Duration,
+}
+
 impl fmt::Display for BrokerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&redact_url(&self.0))
@@ -348,6 +468,8 @@ pub struct Config {
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).
     pub cancel_grace: Duration,
+    /// The management API to read, when set (`[management]`).
+    pub management: Option<ManagementConfig>,
     /// Ingress → target routes.
     pub routes: Vec<Route>,
 }
@@ -387,6 +509,10 @@ pub mod defaults {
     pub const MAX_UNACKED_BYTES: u64 = 256 << 20;
     /// `cancel.grace`
     pub const CANCEL_GRACE: Duration = Duration::from_secs(DAY);
+    /// `management.interval`
+    pub const MANAGEMENT_INTERVAL: Duration = Duration::from_secs(5);
+    /// `management.stuck_after`
+    pub const STUCK_AFTER: Duration = Duration::from_secs(15);
 
     /// Seconds in a day.
     const DAY: u64 = 86_400;
@@ -644,6 +770,7 @@ impl RawConfig {
             }
             routes.push(Route { ingress, target });
         }
+        let management = self.management.validate()?;
         Ok(Config {
             urls,
             names,
@@ -659,8 +786,59 @@ impl RawConfig {
             redelivery_limit,
             max_unacked_bytes,
             cancel_grace,
+            management,
             routes,
         })
+    }
+}
+
+impl RawManagement {
+    /// True when the section sets nothing.
+    fn is_unset(&self) -> bool {
+        self.url.is_none()
+            && self.urls.is_none()
+            && self.interval.is_none()
+            && self.stuck_after.is_none()
+    }
+
+    /// `None` when no management URL is set (the section's other keys alone are refused).
+    fn validate(self) -> Result<Option<ManagementConfig>, ConfigError> {
+        let urls = match (self.url, self.urls) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "management",
+                    "url and urls",
+                    "give either `url` (one node) or `urls` (several), not both",
+                ));
+            }
+            (Some(url), None) => vec![ManagementUrl::parse(&url)?],
+            (None, Some(list)) if !list.is_empty() => list
+                .iter()
+                .map(|u| ManagementUrl::parse(u))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ if self.interval.is_some() || self.stuck_after.is_some() => {
+                return Err(invalid(
+                    "management",
+                    "no url",
+                    "`interval` and `stuck_after` need the management API's `url`",
+                ));
+            }
+            _ => return Ok(None),
+        };
+        let interval = self.interval.unwrap_or(defaults::MANAGEMENT_INTERVAL);
+        if interval < Duration::from_millis(100) {
+            return Err(invalid(
+                "management.interval",
+                format_duration(interval),
+                "must be at least 100ms",
+            ));
+        }
+        let stuck_after = self.stuck_after.unwrap_or(defaults::STUCK_AFTER);
+        Ok(Some(ManagementConfig {
+            urls,
+            interval,
+            stuck_after,
+        }))
     }
 }
 
@@ -705,6 +883,16 @@ impl Config {
             cancel: RawCancel {
                 grace: Some(self.cancel_grace),
             },
+            management: self
+                .management
+                .as_ref()
+                .map(|m| RawManagement {
+                    url: None,
+                    urls: Some(m.urls.iter().map(|u| u.to_string()).collect()),
+                    interval: Some(m.interval),
+                    stuck_after: Some(m.stuck_after),
+                })
+                .unwrap_or_default(),
             routes: self
                 .routes
                 .iter()
@@ -985,5 +1173,52 @@ mod tests {
             .to_string();
         assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(redact_url("amqp://a:b c@host"), "amqp://a:***@host");
+    }
+
+    #[test]
+    fn the_management_section_is_off_unless_a_url_is_set_and_keeps_its_password() {
+        assert_eq!(parse(MINIMAL).unwrap().management, None);
+        let config = parse(&format!(
+            "[management]\nurl = \"http://watcher:s3cret@127.0.0.1:15672\"\nstuck_after = \"30s\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        let management = config.management.clone().expect("management set");
+        assert_eq!(management.interval, defaults::MANAGEMENT_INTERVAL);
+        assert_eq!(management.stuck_after, Duration::from_secs(30));
+        assert_eq!(
+            management.urls[0].credentials(),
+            Some(("watcher".to_string(), "s3cret".to_string()))
+        );
+        let printed = config.to_string();
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("stuck_after = \"30s\""), "{printed}");
+
+        let refused = |text: &str| {
+            parse(&format!("{text}\n{MINIMAL}"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused("[management]\nstuck_after = \"5s\"").contains("need the management API"));
+        assert!(refused("[management]\nurl = \"amqp://h:15672\"").contains("http://"));
+        assert!(
+            refused("[management]\nurl = \"http://h\"\ninterval = \"10ms\"")
+                .contains("at least 100ms")
+        );
+    }
+
+    #[test]
+    fn an_amqp_url_gives_the_management_api_its_credentials_and_virtual_host() {
+        let url = BrokerUrl::parse("amqp://bob:p%40ss@h:5672/orders%2Fprod").unwrap();
+        assert_eq!(
+            url.credentials_and_vhost(),
+            ("bob".into(), "p@ss".into(), "orders/prod".into())
+        );
+        let url = BrokerUrl::parse("amqp://h").unwrap();
+        assert_eq!(
+            url.credentials_and_vhost(),
+            ("guest".into(), "guest".into(), "/".into())
+        );
+        let url = BrokerUrl::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        assert_eq!(url.credentials_and_vhost().2, "/");
     }
 }

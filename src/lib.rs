@@ -49,6 +49,7 @@ pub mod clock;
 pub mod config;
 pub mod contract;
 pub mod ladder;
+pub mod management;
 pub mod naming;
 pub mod plan;
 pub mod topology;

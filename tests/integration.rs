@@ -13,6 +13,7 @@ mod interop;
 mod logs;
 mod no_loss;
 mod refusals;
+mod stuck_levels;
 mod support;
 mod upgrade;
 mod versions;

@@ -5,10 +5,12 @@ pub(crate) mod acks;
 mod budget;
 mod cancels;
 mod carrier;
+mod level_watch;
 mod reconnect;
 mod redeliveries;
 mod refusals;
 mod session;
+mod stuck;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,6 +135,12 @@ counters! {
     pauses,
     /// The most body bytes of unacked deliveries held at once so far.
     max_unacked_bytes_seen,
+    /// The bridge's queues holding expired messages their dead-letter worker has not
+    /// forwarded for `management.stuck_after` now (read from the management API).
+    stuck_queues,
+    /// Expired messages not yet forwarded by the dead-letter workers of the bridge's
+    /// queues, at the last reading of the management API.
+    expired_unforwarded,
 }
 
 /// What every session and message task shares.
@@ -206,6 +214,17 @@ impl Bridge {
             queue_type = %config.queue_type,
             "delay-bridge starting"
         );
+        let watching = CancellationToken::new();
+        let _stop_watching = watching.clone().drop_guard();
+        if let Some(management) = &config.management {
+            tokio::spawn(level_watch::run(
+                management.clone(),
+                config.url().clone(),
+                config.names.prefix().to_string(),
+                self.shared.stats.clone(),
+                watching,
+            ));
+        }
         let mut reconnects = reconnect::Reconnects::default();
         let mut failing = false;
         // Which broker to try: on every loss or refusal, the next one (a cluster's nodes).

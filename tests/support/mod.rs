@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use delay_bridge::bridge::Stats;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::{
-    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawRoute, RawTopology, Route,
+    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawManagement, RawRoute,
+    RawTopology, Route,
 };
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
@@ -98,6 +99,8 @@ pub struct Setup<'a> {
     pub redelivery_limit: Option<u32>,
     /// `bridge.max_unacked_bytes`, when not the default.
     pub max_unacked_bytes: Option<u64>,
+    /// `[management]`, when set.
+    pub management: RawManagement,
 }
 
 impl<'a> Setup<'a> {
@@ -115,6 +118,7 @@ impl<'a> Setup<'a> {
             target_full_timeout: None,
             redelivery_limit: None,
             max_unacked_bytes: None,
+            management: RawManagement::default(),
         }
     }
 
@@ -129,6 +133,7 @@ impl<'a> Setup<'a> {
         raw.bridge.target_full_timeout = self.target_full_timeout;
         raw.bridge.redelivery_limit = self.redelivery_limit;
         raw.bridge.max_unacked_bytes = self.max_unacked_bytes;
+        raw.management = self.management.clone();
         raw.validate().expect("test config is valid")
     }
 }
@@ -162,6 +167,7 @@ pub fn raw_config(
             ..RawBridge::default()
         },
         cancel: RawCancel::default(),
+        management: RawManagement::default(),
         routes: routes
             .iter()
             .map(|(ingress, target)| RawRoute {

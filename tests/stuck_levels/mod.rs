@@ -1,0 +1,62 @@
+//! A quorum level whose expired messages its dead-letter worker does not forward is noticed
+//! from the management API's figures, counted in the bridge's stats, and warned about.
+
+use std::time::Duration;
+
+use delay_bridge::config::RawManagement;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The management API of the test broker: `DELAY_BRIDGE_TEST_MANAGEMENT_URL`, or the local
+/// default (scripts/broker.sh enables the plugin).
+fn management_url() -> String {
+    std::env::var("DELAY_BRIDGE_TEST_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:15672".to_string())
+}
+
+/// The work exchange is deleted under a running bridge, so a quorum level's at-least-once
+/// dead-letter worker cannot forward what expires there (the broker retries only after
+/// `dead_letter_worker_publisher_confirm_timeout`, 180 s by default). The bridge sees the
+/// level's expired, unforwarded messages in the management API and counts it stuck once it
+/// has held them for `management.stuck_after`. Without the watch, nothing noticed.
+#[tokio::test]
+async fn a_quorum_level_that_does_not_forward_its_expired_messages_is_reported_stuck() {
+    let w = World::start(Setup {
+        queue_type: "quorum",
+        ladder: "500ms",
+        management: RawManagement {
+            url: Some(management_url()),
+            interval: Some(Duration::from_millis(500)),
+            stuck_after: Some(2 * SEC),
+            ..RawManagement::default()
+        },
+        ..Setup::new("stuck")
+    })
+    .await;
+    let stats = w.stats();
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.exchange_delete(
+        w.config.names.work_exchange().as_str().into(),
+        Default::default(),
+    )
+    .await
+    .expect("the work exchange is deleted");
+    // Long enough to hop into the 500 ms level at least once.
+    for i in 0..5 {
+        w.publish(&format!("rk.stuck.{i}"), b"stuck", with_delay(60_000))
+            .await;
+    }
+    wait_until("the bridge reports a stuck level", 60 * SEC, || {
+        stats.snapshot().stuck_queues >= 1
+    })
+    .await;
+    let counts = stats.snapshot();
+    assert!(
+        counts.expired_unforwarded >= 1,
+        "expired, unforwarded messages counted: {counts:?}"
+    );
+    assert_eq!(counts.delivered, 0);
+    w.cleanup().await;
+}
