@@ -26,10 +26,13 @@
 //! - [`amqp`]: connecting; inside the crate, the one confirmed, mandatory publish, which
 //!   matches returns to their own publish and decides what a result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
+//! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
+//!   expired messages that its dead-letter worker has not forwarded).
 //!
 //! The service and its client:
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
-//!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower.
+//!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower;
+//!   the watch for queues whose expired messages are not forwarded.
 //! - [`client`]: the typed client: schedule, cancel, reschedule.
 //!
 //! For demos and broker-backed tests (feature `sandbox`):
