@@ -30,7 +30,7 @@ config() {
   local file=target/faults/$1.toml
   printf '[topology]\nqueue_type = "%s"\n\n' "$1" > "$file"
   if [ $# -gt 1 ]; then
-    printf '[management]\nurls = [%s]\ninterval = "1s"\nstuck_after = "5s"\n\n' "$2" >> "$file"
+    printf '[management]\nurls = [%s]\ninterval = "1s"\nstuck_after = "15s"\n\n' "$2" >> "$file"
   fi
   printf '[[route]]\ningress = "unused.in"\ntarget = "unused.out"\n' >> "$file"
   echo "$file"
