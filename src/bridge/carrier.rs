@@ -507,7 +507,14 @@ impl Carrier {
                     if let Destination::Target(target) = attempt.destination {
                         self.note_answer(target, &answer);
                     }
-                    answer
+                    match answer {
+                        // A channel that the target's refusal closed under this publish (it
+                        // was already closing): that refusal is this publish's answer too.
+                        Verdict::Lost(_) => {
+                            self.remembered_refusal(&attempt, alone).unwrap_or(answer)
+                        }
+                        answer => answer,
+                    }
                 }
             };
             match verdict {
