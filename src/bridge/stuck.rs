@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// What changed with one reading.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Change {
     /// `queue` has held expired, unforwarded messages at every reading for `stuck_for`;
     /// `messages` now.
@@ -72,7 +72,7 @@ impl StuckWatch {
                 });
             }
         }
-        changes.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        changes.sort();
         changes
     }
 
