@@ -5,6 +5,7 @@
 //! Passwords never leave this module unredacted through `Display`/`Debug` of [`BrokerUrl`].
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use crate::naming::Names;
 pub const ENV_URL: &str = "DELAY_BRIDGE_URL";
 /// Environment variable that overrides `topology.prefix`.
 pub const ENV_PREFIX: &str = "DELAY_BRIDGE_PREFIX";
+/// Environment variable that overrides `metrics.listen` (turning the listener on).
+pub const ENV_METRICS_LISTEN: &str = "DELAY_BRIDGE_METRICS_LISTEN";
 
 /// The default broker URL.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -106,6 +109,8 @@ pub struct RawConfig {
     pub cancel: RawCancel,
     #[serde(default, skip_serializing_if = "RawManagement::is_unset")]
     pub management: RawManagement,
+    #[serde(default, skip_serializing_if = "RawMetrics::is_unset")]
+    pub metrics: RawMetrics,
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
 }
@@ -142,6 +147,21 @@ pub struct RawManagement {
         skip_serializing_if = "Option::is_none"
     )]
     pub stuck_after: Option<Duration>,
+}
+
+/// `[metrics]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub interval: Option<Duration>,
 }
 
 /// `[topology]`
@@ -383,6 +403,16 @@ impl fmt::Debug for ManagementUrl {
     }
 }
 
+/// The HTTP listener for Prometheus metrics and health (`[metrics]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub listen: SocketAddr,
+    /// How often the bridge reads its queues' depths (one passive declare per queue) for
+    /// the pending gauges.
+    pub interval: Duration,
+}
+
 /// The management API, read to see what AMQP does not show (levels whose expired messages
 /// are not forwarded).
 #[derive(Debug, Clone, PartialEq)]
@@ -470,6 +500,8 @@ pub struct Config {
     pub cancel_grace: Duration,
     /// The management API to read, when set (`[management]`).
     pub management: Option<ManagementConfig>,
+    /// The metrics and health listener, when set (`[metrics]`).
+    pub metrics: Option<MetricsConfig>,
     /// Ingress → target routes.
     pub routes: Vec<Route>,
 }
@@ -513,6 +545,8 @@ pub mod defaults {
     pub const MANAGEMENT_INTERVAL: Duration = Duration::from_secs(5);
     /// `management.stuck_after`
     pub const STUCK_AFTER: Duration = Duration::from_secs(15);
+    /// `metrics.interval`
+    pub const METRICS_INTERVAL: Duration = Duration::from_secs(5);
 
     /// Seconds in a day.
     const DAY: u64 = 86_400;
@@ -553,6 +587,15 @@ impl Config {
                     raw.broker.urls = Some(value.split_whitespace().map(str::to_string).collect());
                 }
                 ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
+                ENV_METRICS_LISTEN => {
+                    raw.metrics.listen = Some(value.trim().parse().map_err(|_| {
+                        invalid(
+                            ENV_METRICS_LISTEN,
+                            value,
+                            "not an address and port, for example 0.0.0.0:9090",
+                        )
+                    })?);
+                }
                 _ => {}
             }
         }
@@ -562,7 +605,7 @@ impl Config {
 
 /// The overrides present in the process environment.
 pub fn env_overrides() -> Vec<(&'static str, String)> {
-    [ENV_URL, ENV_PREFIX]
+    [ENV_URL, ENV_PREFIX, ENV_METRICS_LISTEN]
         .into_iter()
         .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
         .collect()
@@ -771,6 +814,7 @@ impl RawConfig {
             routes.push(Route { ingress, target });
         }
         let management = self.management.validate()?;
+        let metrics = self.metrics.validate()?;
         Ok(Config {
             urls,
             names,
@@ -787,8 +831,39 @@ impl RawConfig {
             max_unacked_bytes,
             cancel_grace,
             management,
+            metrics,
             routes,
         })
+    }
+}
+
+impl RawMetrics {
+    /// True when the section sets nothing.
+    fn is_unset(&self) -> bool {
+        self.listen.is_none() && self.interval.is_none()
+    }
+
+    /// `None` when no `listen` address is set (an `interval` alone is refused).
+    fn validate(self) -> Result<Option<MetricsConfig>, ConfigError> {
+        let Some(listen) = self.listen else {
+            if self.interval.is_some() {
+                return Err(invalid(
+                    "metrics",
+                    "no listen",
+                    "`interval` needs the listener's address, `listen` (for example \"0.0.0.0:9090\")",
+                ));
+            }
+            return Ok(None);
+        };
+        let interval = self.interval.unwrap_or(defaults::METRICS_INTERVAL);
+        if interval < Duration::from_millis(100) {
+            return Err(invalid(
+                "metrics.interval",
+                format_duration(interval),
+                "must be at least 100ms",
+            ));
+        }
+        Ok(Some(MetricsConfig { listen, interval }))
     }
 }
 
@@ -891,6 +966,13 @@ impl Config {
                     urls: Some(m.urls.iter().map(|u| u.to_string()).collect()),
                     interval: Some(m.interval),
                     stuck_after: Some(m.stuck_after),
+                })
+                .unwrap_or_default(),
+            metrics: self
+                .metrics
+                .map(|m| RawMetrics {
+                    listen: Some(m.listen),
+                    interval: Some(m.interval),
                 })
                 .unwrap_or_default(),
             routes: self
@@ -1060,6 +1142,18 @@ mod tests {
         assert_eq!(c.url().expose(), "amqp://u:secret@h:5673/v");
         assert_eq!(c.names.prefix(), "other");
         assert_eq!(c.url().user(), "u");
+        let listening = Config::from_toml(
+            MINIMAL,
+            "<test>",
+            &[(ENV_METRICS_LISTEN, "0.0.0.0:9090".to_string())],
+        )
+        .unwrap();
+        assert_eq!(
+            listening.metrics.map(|m| m.listen),
+            Some("0.0.0.0:9090".parse().unwrap())
+        );
+        let bad = Config::from_toml(MINIMAL, "<test>", &[(ENV_METRICS_LISTEN, "9090".into())]);
+        assert!(matches!(bad, Err(ConfigError::Invalid { key, .. }) if key == ENV_METRICS_LISTEN));
     }
 
     #[test]
@@ -1173,6 +1267,29 @@ mod tests {
             .to_string();
         assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(redact_url("amqp://a:b c@host"), "amqp://a:***@host");
+    }
+
+    #[test]
+    fn the_metrics_listener_is_off_unless_an_address_is_set() {
+        assert_eq!(parse(MINIMAL).unwrap().metrics, None);
+        let config = parse(&format!("[metrics]\nlisten = \"0.0.0.0:9090\"\n{MINIMAL}")).unwrap();
+        let metrics = config.metrics.expect("metrics set");
+        assert_eq!(metrics.listen, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(metrics.interval, defaults::METRICS_INTERVAL);
+        let printed = config.to_string();
+        assert!(printed.contains("listen = \"0.0.0.0:9090\""), "{printed}");
+        assert!(printed.contains("interval = \"5s\""), "{printed}");
+        let refused = |extra: &str| {
+            parse(&format!("{extra}\n{MINIMAL}"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused("[metrics]\ninterval = \"5s\"").contains("needs the listener's address"));
+        assert!(refused("[metrics]\nlisten = \"localhost\"").contains("listen"));
+        assert!(
+            refused("[metrics]\nlisten = \"127.0.0.1:9090\"\ninterval = \"1ms\"")
+                .contains("at least 100ms")
+        );
     }
 
     #[test]

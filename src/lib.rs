@@ -16,6 +16,7 @@
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`ladder`]: delay levels, presets, duration parsing and printing.
 //! - [`plan`]: the next step for a remaining time: hop into a level, hold, or deliver.
+//! - [`pending`]: pending messages by due-time bucket, from queue depths alone.
 //! - [`naming`]: the names of the bridge's exchanges and queues, from its prefix.
 //! - [`config`]: the TOML file, raw then validated.
 //! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
@@ -34,6 +35,7 @@
 //!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower;
 //!   the watch for queues whose expired messages are not forwarded.
 //! - [`client`]: the typed client: schedule, cancel, reschedule.
+//! - `http` (feature `http`, in the `cli` build): the metrics and health listener.
 //!
 //! For demos and broker-backed tests (feature `sandbox`):
 //! - `sandbox`: a throw-away topology and bridge, in process or as a `delay-bridge run`
@@ -54,8 +56,11 @@ pub mod contract;
 pub mod ladder;
 pub mod management;
 pub mod naming;
+pub mod pending;
 pub mod plan;
 pub mod topology;
 
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "sandbox")]
 pub mod sandbox;

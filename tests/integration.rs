@@ -11,6 +11,7 @@ mod faults;
 mod hostile;
 mod interop;
 mod logs;
+mod metrics;
 mod no_loss;
 mod refusals;
 mod stuck_levels;

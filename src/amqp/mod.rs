@@ -1,11 +1,13 @@
-//! AMQP plumbing: connecting (password never shown), and the one confirmed publish path
-//! ([`publisher::Publisher`]).
+//! AMQP plumbing: connecting (password never shown), a queue's depth, and the one
+//! confirmed publish path ([`publisher::Publisher`]).
 
+mod depth;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod targets;
 pub(crate) mod verdict;
 
+pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;
 
 use lapin::options::ConfirmSelectOptions;

@@ -398,6 +398,7 @@ impl Carrier {
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
+                self.shared.instruments.parked(parked.reason);
                 Outcome::Done
             }
             // The broker refuses a body this large anywhere now (its max message size was
@@ -441,11 +442,19 @@ impl Carrier {
         };
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
+                let confirmed_at = now_ms();
                 self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                let instruments = &self.shared.instruments;
+                instruments
+                    .lateness
+                    .record((confirmed_at as f64 - envelope.deliver_at as f64) / 1000.0);
+                instruments
+                    .hops_per_message
+                    .record(f64::from(envelope.hops));
                 tracing::debug!(
                     target = %envelope.target,
                     hops = envelope.hops,
-                    late_ms = now_ms().saturating_sub(envelope.deliver_at),
+                    late_ms = confirmed_at.saturating_sub(envelope.deliver_at),
                     read_lead_ms = envelope.deliver_at as i64 - read_at as i64,
                     "delivered"
                 );
@@ -591,6 +600,7 @@ impl Carrier {
                     }
                 }
             }
+            self.shared.stats.retries.fetch_add(1, Ordering::Relaxed);
             let _ = self.events.send(Event::Held(attempt.tag));
             let delay = delays.next().unwrap_or(MAX_RETRY_DELAY);
             tracing::debug!(?delay, "publish not settled; retrying");

@@ -5,6 +5,8 @@ pub(crate) mod acks;
 mod budget;
 mod cancels;
 mod carrier;
+mod depths;
+pub mod instruments;
 mod level_watch;
 mod reconnect;
 mod redeliveries;
@@ -82,20 +84,22 @@ impl BridgeError {
 }
 
 /// Declares [`Stats`] (the live counters, shared with the bridge's tasks) and [`Counts`] (a
-/// reading of them) from one list, so the two cannot drift apart.
+/// reading of them) from one list, so the two cannot drift apart. Each entry names the
+/// Prometheus metric it is exported as (a counter or a gauge; `none`: exported otherwise),
+/// and its doc comment is that metric's help text.
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident,)*) => {
+    ($($(#[doc = $doc:literal])* $name:ident: $kind:ident $metric:literal,)*) => {
         /// Counters of what the bridge did, updated as it works; read them with
         /// [`Stats::snapshot`].
         #[derive(Debug, Default)]
         pub struct Stats {
-            $($(#[$doc])* pub(crate) $name: AtomicU64,)*
+            $($(#[doc = $doc])* pub(crate) $name: AtomicU64,)*
         }
 
         /// What the bridge had done when [`Stats::snapshot`] was called.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct Counts {
-            $($(#[$doc])* pub $name: u64,)*
+            $($(#[doc = $doc])* pub $name: u64,)*
         }
 
         impl Stats {
@@ -106,41 +110,85 @@ macro_rules! counters {
                 }
             }
         }
+
+        impl Counts {
+            /// Sets each exported metric of `recorder` to this reading.
+            pub fn export(&self, recorder: &dyn metrics::Recorder) {
+                $(export!($kind, recorder, $metric, concat!($($doc),*), self.$name);)*
+            }
+        }
     };
+}
+
+/// One entry of [`counters!`] into a metrics recorder.
+macro_rules! export {
+    (counter, $recorder:expr, $metric:literal, $help:expr, $value:expr) => {
+        $recorder.describe_counter(
+            metrics::KeyName::from_const_str($metric),
+            None,
+            metrics::SharedString::from($help.trim().to_string()),
+        );
+        metrics::Recorder::register_counter(
+            $recorder,
+            &metrics::Key::from_static_name($metric),
+            &metrics::Metadata::new(module_path!(), metrics::Level::INFO, None),
+        )
+        .absolute($value);
+    };
+    (gauge, $recorder:expr, $metric:literal, $help:expr, $value:expr) => {
+        $recorder.describe_gauge(
+            metrics::KeyName::from_const_str($metric),
+            None,
+            metrics::SharedString::from($help.trim().to_string()),
+        );
+        metrics::Recorder::register_gauge(
+            $recorder,
+            &metrics::Key::from_static_name($metric),
+            &metrics::Metadata::new(module_path!(), metrics::Level::INFO, None),
+        )
+        .set($value as f64);
+    };
+    (none, $recorder:expr, $metric:literal, $help:expr, $value:expr) => {};
 }
 
 counters! {
     /// Deliveries consumed from the work queue.
-    consumed,
+    consumed: counter "delay_bridge_consumed_total",
     /// Hops published into level queues (confirmed).
-    hops,
+    hops: counter "delay_bridge_hops_total",
     /// Messages published to their target (confirmed).
-    delivered,
-    /// Messages parked (confirmed).
-    parked,
+    delivered: counter "delay_bridge_delivered_total",
+    /// Messages parked (confirmed); exported by reason as `delay_bridge_parked_total`.
+    parked: none "",
     /// Messages waiting on a hold timer now.
-    held,
+    held: gauge "delay_bridge_held_messages",
+    /// Deliveries consumed and not yet acked or given back now.
+    in_flight: gauge "delay_bridge_in_flight_messages",
     /// Deliveries given back to the broker unprocessed (shutdown or a failed session).
-    released,
+    released: counter "delay_bridge_released_total",
     /// Publishes the broker refused (nack) and that were retried.
-    nacks,
+    nacks: counter "delay_bridge_nacks_total",
+    /// Publishes tried again for any reason: refused (nack), unanswered (a lost channel or
+    /// no confirm in time), or refused by the broker (403, 404, 406) fewer times than it
+    /// takes to park.
+    retries: counter "delay_bridge_publish_retries_total",
     /// Sessions that ended with an error and were reconnected.
-    reconnects,
+    reconnects: counter "delay_bridge_reconnects_total",
     /// Copies dropped because their message was cancelled.
-    cancelled,
+    cancelled: counter "delay_bridge_cancelled_total",
     /// Live tombstones in memory now.
-    tombstones,
+    tombstones: gauge "delay_bridge_tombstones",
     /// Times the consumer was paused because unacked bodies went over
     /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
-    pauses,
+    pauses: counter "delay_bridge_consumer_pauses_total",
     /// The most body bytes of unacked deliveries held at once so far.
-    max_unacked_bytes_seen,
+    max_unacked_bytes_seen: gauge "delay_bridge_max_unacked_bytes",
     /// The bridge's queues holding expired messages their dead-letter worker has not
     /// forwarded for `management.stuck_after` now (read from the management API).
-    stuck_queues,
+    stuck_queues: gauge "delay_bridge_stuck_queues",
     /// Expired messages not yet forwarded by the dead-letter workers of the bridge's
     /// queues, at the last reading of the management API.
-    expired_unforwarded,
+    expired_unforwarded: gauge "delay_bridge_expired_unforwarded_messages",
 }
 
 /// What every session and message task shares.
@@ -151,6 +199,8 @@ struct Shared {
     /// `config.names.work_exchange()`, built once: every delivery is checked against it.
     work_exchange: String,
     stats: Arc<Stats>,
+    /// What the bridge records besides `stats` (nothing without a metrics recorder).
+    instruments: instruments::Instruments,
     /// The live cancellations, shared by the stream follower and the message tasks.
     tombstones: Mutex<TombstoneSet>,
     /// Where the cancel-stream follower resumes after a reconnect (`None`: from the start).
@@ -167,8 +217,21 @@ pub struct Bridge {
 }
 
 impl Bridge {
-    /// A bridge for this configuration.
+    /// A bridge for this configuration, recording no metrics beyond [`Stats`].
     pub fn new(config: Config) -> Self {
+        let instruments = instruments::Instruments::disabled(&config);
+        Self::with_instruments(config, instruments)
+    }
+
+    /// A bridge for this configuration that registers its metrics in `recorder` (parked by
+    /// reason, lateness and hops at delivery, queue depths read every `metrics.interval`).
+    /// [`Stats`] go to the same recorder with [`Counts::export`].
+    pub fn with_metrics(config: Config, recorder: &dyn metrics::Recorder) -> Self {
+        let instruments = instruments::Instruments::register(recorder, &config);
+        Self::with_instruments(config, instruments)
+    }
+
+    fn with_instruments(config: Config, instruments: instruments::Instruments) -> Self {
         let topology = Topology::from_config(&config);
         let bridge_user = config.url().user();
         let work_exchange = config.names.work_exchange();
@@ -183,6 +246,7 @@ impl Bridge {
                 bridge_user,
                 work_exchange,
                 stats: Arc::new(Stats::default()),
+                instruments,
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
                 redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::acks::{AckOp, AckTracker};
 use super::budget::{ByteBudget, Retune};
 use super::carrier::{Carrier, Event, Outcome};
-use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels};
+use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths};
 use crate::amqp::publisher::Publisher;
 
 /// Most carrier events folded into one batch of acks (bounds the time the loop spends away
@@ -49,6 +49,11 @@ pub(super) async fn run(
     let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
     let consumer_tag = consumer_tag(0);
     let consumer = consume_work_queue(&consume, &shared, &consumer_tag).await?;
+    tokio::spawn(depths::run(
+        shared.clone(),
+        connection.clone(),
+        stop.clone(),
+    ));
     ready.send_replace(true);
     tracing::info!(queue = %config.names.work_queue(), prefetch = config.prefetch, "consuming");
 
@@ -78,6 +83,9 @@ pub(super) async fn run(
     };
     let result = session.drive(shutdown).await;
     session.stop.cancel();
+    // What this session held goes back to the broker with it.
+    shared.stats.held.store(0, Ordering::Relaxed);
+    shared.stats.in_flight.store(0, Ordering::Relaxed);
     if result.is_ok() && !connection.status().blocked() {
         // Close our channels before the connection closes, so nothing is cut mid-frame
         // (bounded: a broker that blocks now reads nothing).
@@ -165,6 +173,10 @@ impl Session {
                     Some(Ok(delivery)) => {
                         self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
                         self.tracker.delivered(delivery.delivery_tag);
+                        self.shared
+                            .stats
+                            .in_flight
+                            .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
                         let retune = self.budget.taken(delivery.data.len() as u64);
                         self.shared
                             .stats
@@ -265,6 +277,9 @@ impl Session {
         stats
             .held
             .store(self.tracker.held_count() as u64, Ordering::Relaxed);
+        stats
+            .in_flight
+            .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
         apply(&self.consume, AckTracker::compact(ops)).await?;
         match failure {
             Some(error) => Err(error),

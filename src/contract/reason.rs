@@ -36,6 +36,23 @@ pub enum ParkReason {
 }
 
 impl ParkReason {
+    /// Every reason.
+    pub const ALL: [ParkReason; 13] = [
+        ParkReason::BadDelay,
+        ParkReason::BadDeliverAt,
+        ParkReason::BadPublishedAt,
+        ParkReason::DelayTooLong,
+        ParkReason::UnknownRoute,
+        ParkReason::BadState,
+        ParkReason::TargetNotAllowed,
+        ParkReason::Unroutable,
+        ParkReason::TargetMissing,
+        ParkReason::RedeliveryLimit,
+        ParkReason::TargetRefused,
+        ParkReason::TooLarge,
+        ParkReason::TargetFull,
+    ];
+
     /// The stable code written to `delay-bridge-reason`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -2,20 +2,11 @@
 
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
+use lapin::Connection;
 
 use super::{Sandbox, SandboxError};
-
-/// A queue's ready messages and consumers, from a passive declare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueCounts {
-    /// Messages ready for delivery (not counting unacknowledged ones).
-    pub messages: u64,
-    /// Consumers attached.
-    pub consumers: u64,
-}
+pub use crate::amqp::QueueCounts;
+use crate::amqp::queue_counts as counts_on_channel;
 
 /// Counts of an existing queue (an error if it does not exist).
 pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts, SandboxError> {
@@ -28,24 +19,11 @@ pub async fn queue_counts(conn: &Connection, queue: &str) -> Result<QueueCounts,
     counts
 }
 
-/// Counts of an existing queue by a passive declare on `channel` (which a missing queue
-/// closes).
-async fn counts_on(channel: &Channel, queue: &str) -> Result<QueueCounts, SandboxError> {
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+/// Counts of an existing queue on `channel` (which a missing queue closes).
+async fn counts_on(channel: &lapin::Channel, queue: &str) -> Result<QueueCounts, SandboxError> {
+    counts_on_channel(channel, queue)
         .await
-        .map_err(SandboxError::broker(format!("counting {queue}")))?;
-    Ok(QueueCounts {
-        messages: u64::from(declared.message_count()),
-        consumers: u64::from(declared.consumer_count()),
-    })
+        .map_err(SandboxError::broker(format!("counting {queue}")))
 }
 
 impl Sandbox {

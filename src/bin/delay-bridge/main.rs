@@ -2,17 +2,21 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use delay_bridge::bridge::Bridge;
 use delay_bridge::config::{Config, RawConfig, defaults};
+use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
 mod demo;
+mod health;
 mod schedule_cmd;
 
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
@@ -71,6 +75,14 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
+    /// Ask a running bridge's listener (`metrics.listen`) whether it is alive (`/healthz`),
+    /// or with `--ready` whether it is ready (`/readyz`); exits 0 if so, 1 if not. For
+    /// container health checks: the image needs no HTTP client.
+    Health {
+        /// Ask `/readyz` instead of `/healthz`.
+        #[arg(long)]
+        ready: bool,
+    },
     /// Schedule one message through the bridge (waits for the broker's confirm).
     Schedule {
         /// The message id (the handle to cancel or reschedule it); default: a new UUID.
@@ -187,6 +199,10 @@ fn main() -> Result<()> {
             let config = load(&cli)?;
             runtime()?.block_on(schedule_cmd::reschedule(&config, message_id, args))
         }
+        Command::Health { ready } => {
+            let config = load(&cli)?;
+            runtime()?.block_on(health::check(&config, *ready))
+        }
         Command::CheckConfig => {
             let config = load(&cli)?;
             println!("# {}: valid", cli.config.display());
@@ -225,9 +241,35 @@ async fn run(config: Config) -> Result<()> {
         tracing::info!("shutdown requested");
         on_signal.cancel();
     });
+    let bridge = match config.metrics {
+        Some(metrics) => {
+            let registry = Arc::new(MetricsRegistry::new());
+            let bridge = Bridge::with_metrics(config, registry.recorder());
+            let listener = tokio::net::TcpListener::bind(metrics.listen)
+                .await
+                .with_context(|| format!("cannot listen on metrics.listen = {}", metrics.listen))?;
+            tracing::info!(
+                "metrics on http://{0}/metrics, health on /healthz and /readyz",
+                listener.local_addr().unwrap_or(metrics.listen)
+            );
+            let endpoints = Endpoints {
+                registry,
+                stats: bridge.stats(),
+                ready: bridge.ready(),
+            };
+            let stop_serving = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(e) = http::serve(listener, endpoints, stop_serving).await {
+                    tracing::error!("the metrics listener failed: {e}");
+                }
+            });
+            bridge
+        }
+        None => Bridge::new(config),
+    };
     // On a worker thread, not on the main thread that blocks on this future: the session
     // loop and the message tasks then share the runtime's workers.
-    tokio::spawn(delay_bridge::bridge::Bridge::new(config).run(shutdown))
+    tokio::spawn(bridge.run(shutdown))
         .await
         .context("the bridge task panicked")??;
     Ok(())

@@ -1,0 +1,265 @@
+//! The metrics and health listener: `delay-bridge run` with `[metrics] listen` serves
+//! Prometheus text whose values match known traffic, and `/readyz` tells not-ready from
+//! ready.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use delay_bridge::bridge::Bridge;
+use delay_bridge::config::MetricsConfig;
+use delay_bridge::http::{self, Endpoints, MetricsRegistry};
+use lapin::BasicProperties;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// One sample of `text` (Prometheus exposition format): the value of the line whose series
+/// (name and labels, as printed) is `series`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.expect("the listener answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("a text body"))
+}
+
+/// Waits for the line `delay-bridge run` logs when its listener is bound, and returns the
+/// base URL it names (the config asks for port 0: the system picks a free one).
+async fn listener_url(log: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(start) = text.find("metrics on http://") {
+            let rest = &text[start + "metrics on ".len()..];
+            let end = rest.find("/metrics").expect("the line names /metrics");
+            return rest[..end].to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no listener logged within {within:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Scrapes until `series` reads `expected`, or panics at the deadline with the last text.
+async fn wait_for_sample(base: &str, series: &str, expected: f64, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, text) = get(&format!("{base}/metrics")).await;
+        if sample(&text, series) == Some(expected) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} was not {expected} within {within:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Known traffic through the daemon: 4 messages delivered after hops, 2 parked
+/// `unroutable`, 1 parked `bad-delay`, and 5 long ones left pending in the 10m and 1h
+/// levels. The scrape shows each of them where it belongs.
+#[tokio::test]
+async fn the_daemon_serves_metrics_that_count_known_traffic() {
+    let mut w = World::start(Setup {
+        ladder: "100ms 200ms 400ms 800ms 10m 1h",
+        start_bridge: false,
+        ..Setup::new("metrics")
+    })
+    .await;
+    let config = w.config_file_with(|config| {
+        config.metrics = Some(MetricsConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            interval: Duration::from_millis(200),
+        });
+    });
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
+    let bridge = spawn_logging(&config, Some("info"), &log);
+    let base = listener_url(&log, 30 * SEC).await;
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+
+    for i in 0..4 {
+        w.publish(&format!("rk.metrics.{i}"), b"due", with_delay(1_000))
+            .await;
+    }
+    for i in 0..2 {
+        w.publish(
+            &format!("nobody.metrics.{i}"),
+            b"unroutable",
+            with_delay(300),
+        )
+        .await;
+    }
+    let bad = BasicProperties::default().with_headers(headers(vec![("x-delay", text("soon"))]));
+    w.publish("rk.metrics.bad", b"bad", bad).await;
+    for _ in 0..3 {
+        w.publish("rk.metrics.later", b"later", with_delay(30 * 60 * 1000))
+            .await;
+    }
+    for _ in 0..2 {
+        w.publish(
+            "rk.metrics.much-later",
+            b"later",
+            with_delay(2 * 3600 * 1000),
+        )
+        .await;
+    }
+    w.recv_n(4, 30 * SEC).await;
+    for _ in 0..3 {
+        w.parked_within(30 * SEC).await;
+    }
+
+    // The depth gauges follow the queues every 200 ms: wait for a reading taken after the
+    // long ones settled in their levels and the short ones were delivered (nothing held).
+    wait_for_sample(
+        &base,
+        r#"delay_bridge_level_messages{level="1h"}"#,
+        2.0,
+        30 * SEC,
+    )
+    .await;
+    wait_for_sample(
+        &base,
+        r#"delay_bridge_level_messages{level="10m"}"#,
+        3.0,
+        30 * SEC,
+    )
+    .await;
+    let text = wait_for_sample(
+        &base,
+        r#"delay_bridge_pending_due_messages{le="+Inf"}"#,
+        5.0,
+        30 * SEC,
+    )
+    .await;
+    let value =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series} in:\n{text}"));
+    assert_eq!(value("delay_bridge_delivered_total"), 4.0);
+    assert_eq!(
+        value(r#"delay_bridge_parked_total{reason="unroutable"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(r#"delay_bridge_parked_total{reason="bad-delay"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"delay_bridge_parked_total{reason="target-missing"}"#),
+        0.0
+    );
+    assert!(
+        value("delay_bridge_consumed_total") >= 12.0,
+        "12 published:\n{text}"
+    );
+    assert_eq!(value("delay_bridge_delivery_lateness_seconds_count"), 4.0);
+    assert_eq!(value("delay_bridge_hops_per_message_count"), 4.0);
+    assert!(
+        value("delay_bridge_hops_per_message_sum") >= 4.0,
+        "a 1 s delay takes at least one hop on this ladder:\n{text}"
+    );
+    // The test's own consumer empties the parked queue as messages arrive.
+    assert_eq!(value("delay_bridge_parked_messages"), 0.0);
+    assert_eq!(value("delay_bridge_held_messages"), 0.0);
+    assert_eq!(value("delay_bridge_ready"), 1.0);
+    // 10m holds messages due within 1h + margin: counted from the 6 h bucket on; 1h's
+    // have no bound.
+    assert_eq!(
+        value(r#"delay_bridge_pending_due_messages{le="3600"}"#),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(r#"delay_bridge_pending_due_messages{le="21600"}"#),
+        3.0
+    );
+    assert_eq!(
+        value(r#"delay_bridge_pending_due_messages{le="+Inf"}"#),
+        5.0
+    );
+
+    // `delay-bridge health --ready`, as a container health check runs it, asks the same
+    // listener; once the bridge stopped it fails.
+    let listen = base.trim_start_matches("http://").parse().unwrap();
+    let health_config = w.config_file_with(|config| {
+        config.metrics = Some(MetricsConfig {
+            listen,
+            interval: Duration::from_secs(5),
+        });
+    });
+    let health = || {
+        let mut command = std::process::Command::new(bridge_exe());
+        command
+            .arg("--config")
+            .arg(health_config.path())
+            .args(["health", "--ready"]);
+        command.output().expect("delay-bridge health runs")
+    };
+    let answer = health();
+    assert!(answer.status.success(), "{answer:?}");
+    assert_eq!(String::from_utf8_lossy(&answer.stdout), "ready\n");
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
+    let answer = health();
+    assert_eq!(answer.status.code(), Some(1), "{answer:?}");
+    let _ = std::fs::remove_file(&log);
+    w.cleanup().await;
+}
+
+/// `/healthz` answers as soon as the listener runs; `/readyz` answers 503 until the bridge
+/// consumes, then 200.
+#[tokio::test]
+async fn readyz_is_503_until_the_bridge_consumes_then_200() {
+    let w = World::without_bridge("readyz").await;
+    let registry = Arc::new(MetricsRegistry::new());
+    let bridge = Bridge::with_metrics(w.config.clone(), registry.recorder());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let endpoints = Endpoints {
+        registry,
+        stats: bridge.stats(),
+        ready: bridge.ready(),
+    };
+    let server = tokio::spawn(http::serve(listener, endpoints, stop.clone()));
+
+    let (status, body) = get(&format!("{base}/healthz")).await;
+    assert_eq!((status, body.as_str()), (200, "alive\n"));
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 503, "not ready before the bridge runs: {body}");
+    let (_, text) = get(&format!("{base}/metrics")).await;
+    assert_eq!(sample(&text, "delay_bridge_ready"), Some(0.0), "{text}");
+
+    let mut ready = bridge.ready();
+    let running = tokio::spawn(bridge.run(stop.clone()));
+    tokio::time::timeout(20 * SEC, ready.wait_for(|r| *r))
+        .await
+        .expect("the bridge is ready within 20 s")
+        .expect("the bridge runs");
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+
+    stop.cancel();
+    running.await.unwrap().expect("the bridge stops cleanly");
+    server.await.unwrap().expect("the listener stops cleanly");
+    w.cleanup().await;
+}
+
+#[test]
+fn a_sample_is_read_by_its_exact_series() {
+    let text = "# HELP x_total x\nx_total 3\nx_total{reason=\"a\"} 1\ny 2.5\n";
+    assert_eq!(sample(text, "x_total"), Some(3.0));
+    assert_eq!(sample(text, r#"x_total{reason="a"}"#), Some(1.0));
+    assert_eq!(sample(text, "y"), Some(2.5));
+    assert_eq!(sample(text, "z"), None);
+}
