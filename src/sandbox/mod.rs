@@ -35,6 +35,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
 use thiserror::Error;
+
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -129,6 +130,7 @@ pub enum TargetBinding {
 /// A bridge running in process, stopped through its token.
 pub struct InProcessBridge {
     stats: Arc<Stats>,
+    ready: tokio::sync::watch::Receiver<bool>,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), BridgeError>>,
 }
@@ -137,13 +139,18 @@ impl InProcessBridge {
     /// Starts a bridge for `config` on this runtime and waits until it is ready (its
     /// topology declared, the cancel stream read up to date, consuming).
     pub async fn start(config: Config) -> Result<Self, SandboxError> {
-        let bridge = Bridge::new(config);
+        Self::run(Bridge::new(config)).await
+    }
+
+    /// Runs `bridge` on this runtime and waits until it is ready.
+    pub async fn run(bridge: Bridge) -> Result<Self, SandboxError> {
         let stats = bridge.stats();
         let mut ready = bridge.ready();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(bridge.run(shutdown.clone()));
         let started = Self {
             stats,
+            ready: ready.clone(),
             shutdown,
             task,
         };
@@ -153,6 +160,11 @@ impl InProcessBridge {
             Ok(Err(_)) => Err(started.stop().await.err().unwrap_or(SandboxError::Panicked)),
             Err(_) => Err(SandboxError::NotReady(READY_WITHIN)),
         }
+    }
+
+    /// Its readiness, as [`Bridge::ready`].
+    pub fn ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready.clone()
     }
 
     /// Its counters.
@@ -313,11 +325,22 @@ impl Sandbox {
     /// Starts the bridge in process (the library's `Bridge::run`) and waits until it is
     /// ready.
     pub async fn run_in_process(&mut self) -> Result<(), SandboxError> {
+        self.run_bridge(Bridge::new(self.config.clone())).await
+    }
+
+    /// Runs `bridge` (built on this sandbox's `config`, for example with metrics) in
+    /// process and waits until it is ready.
+    pub async fn run_bridge(&mut self, bridge: Bridge) -> Result<(), SandboxError> {
         if self.bridge.is_some() {
             return Err(SandboxError::AlreadyStarted);
         }
-        self.bridge = Some(InProcessBridge::start(self.config.clone()).await?);
+        self.bridge = Some(InProcessBridge::run(bridge).await?);
         Ok(())
+    }
+
+    /// The in-process bridge (`None` when none runs in process).
+    pub fn bridge(&self) -> Option<&InProcessBridge> {
+        self.bridge.as_ref()
     }
 
     /// The in-process bridge's counters (`None` when no bridge runs in process).

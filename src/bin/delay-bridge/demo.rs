@@ -1,15 +1,20 @@
-//! `delay-bridge demo`: a bridge in process, a few messages published with plain AMQP and
-//! `x-delay`, each arrival printed as it happens, then everything it declared deleted.
+//! `delay-bridge demo`: a bridge in process with its metrics listener, a few messages
+//! published with plain AMQP and `x-delay`, each arrival printed as it happens, the bridge's
+//! `/metrics` after that traffic, then everything it declared deleted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use tokio_util::sync::CancellationToken;
 
+use delay_bridge::bridge::Bridge;
 use delay_bridge::clock::now_ms;
-use delay_bridge::config::Config;
+use delay_bridge::config::{Config, MetricsConfig};
+use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::format_duration;
 use delay_bridge::plan::{hop_count, plan};
 
@@ -17,6 +22,9 @@ use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
 /// The delays the demo publishes, in publish order (ms): the 10 s one first.
 const DELAYS_MS: [u64; 5] = [10_000, 3_000, 1_000, 2_500, 5_000];
+
+/// How often the demo's bridge reads its queue depths for the pending gauges.
+const DEPTHS_EVERY: Duration = Duration::from_millis(500);
 
 /// Runs the demo against the configured broker with a throw-away prefix and route.
 pub async fn run_demo(base: &Config) -> Result<()> {
@@ -28,16 +36,76 @@ pub async fn run_demo(base: &Config) -> Result<()> {
         format_duration(base.ladder.largest()),
         format_duration(base.margin),
     );
-    let sandbox = Sandbox::start(base, "delay-bridge-demo", TargetBinding::Fanout).await?;
+    let mut sandbox = Sandbox::declare(base, "delay-bridge-demo", TargetBinding::Fanout).await?;
+    // The configured listener, or any free port on loopback; queue depths read often enough
+    // for a run of seconds.
+    let listen = base
+        .metrics
+        .map_or_else(|| "127.0.0.1:0".parse().expect("an address"), |m| m.listen);
+    sandbox.config.metrics = Some(MetricsConfig {
+        listen,
+        interval: DEPTHS_EVERY,
+    });
+    let registry = Arc::new(MetricsRegistry::new());
+    let bridge = Bridge::with_metrics(sandbox.config.clone(), registry.recorder());
+    let endpoints = Endpoints {
+        registry,
+        stats: bridge.stats(),
+        ready: bridge.ready(),
+    };
+    sandbox.run_bridge(bridge).await?;
     let prefix = sandbox.config.names.prefix().to_string();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} for the demo's metrics"))?;
+    let metrics_url = format!("http://{}/metrics", listener.local_addr()?);
+    let stop_serving = CancellationToken::new();
+    let _stop_serving_on_exit = stop_serving.clone().drop_guard();
+    tokio::spawn(http::serve(listener, endpoints, stop_serving));
+    println!("bridge running, metrics on {metrics_url}");
     println!(
-        "bridge running; publishing to exchange `{}` with plain AMQP and x-delay:",
+        "publishing to exchange `{}` with plain AMQP and x-delay:",
         sandbox.ingress
     );
-    let result = publish_and_watch(&sandbox).await;
+    let mut result = publish_and_watch(&sandbox).await;
+    if result.is_ok() {
+        result = print_metrics(&metrics_url).await;
+    }
     sandbox.finish().await?;
     println!("cleaned up: every exchange and queue of `{prefix}` deleted");
     result
+}
+
+/// GETs the demo bridge's `/metrics` once its queue depths show nothing pending (they are
+/// read every [`DEPTHS_EVERY`]), and prints its samples that are not zero, histogram
+/// buckets left out.
+async fn print_metrics(url: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = reqwest::get(url)
+            .await
+            .with_context(|| format!("GET {url}"))?
+            .text()
+            .await?;
+        let nothing_pending = text
+            .lines()
+            .any(|line| line == r#"delay_bridge_pending_due_messages{le="+Inf"} 0"#);
+        if nothing_pending || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(DEPTHS_EVERY / 4).await;
+    };
+    let mut samples: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.contains("_bucket{"))
+        .filter(|line| line.rsplit_once(' ').is_some_and(|(_, value)| value != "0"))
+        .collect();
+    samples.sort_unstable();
+    println!("GET {url} after the demo traffic (samples that are not zero, without buckets):");
+    for sample in samples {
+        println!("  {sample}");
+    }
+    Ok(())
 }
 
 async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
