@@ -29,14 +29,26 @@ pub use encode::{
 };
 pub use reason::{ParkReason, Parked};
 pub use size::{content_header_frame_len, fits_frame};
-pub use value::{parse_delay, parse_deliver_at, parse_published_at};
+pub use value::{
+    parse_delay, parse_delay_in, parse_deliver_at, parse_deliver_at_in, parse_published_at,
+};
 
 /// Header names of the contract.
 pub mod header {
     /// The delay in milliseconds, as the delayed-message plugin reads it.
     pub const DELAY: &str = "x-delay";
-    /// An absolute due time: epoch milliseconds or an RFC 3339 string. Wins over `x-delay`.
+    /// An absolute due time: epoch milliseconds or an RFC 3339 string. Wins over every
+    /// other due-time header.
     pub const DELIVER_AT: &str = "x-deliver-at";
+    /// An absolute due time in epoch milliseconds, as the AMQP 1.0 annotation that
+    /// Tanzu RabbitMQ's delayed queues read, sent as a header. Wins over the delays.
+    pub const OPT_DELIVERY_TIME: &str = "x-opt-delivery-time";
+    /// A delay in milliseconds, as the AMQP 1.0 annotation that Tanzu RabbitMQ's delayed
+    /// queues read, sent as a header. Read only without `x-delay`.
+    pub const OPT_DELIVERY_DELAY: &str = "x-opt-delivery-delay";
+    /// The due-time headers, by precedence: the first one present decides (an absolute
+    /// time before a delay, the bridge's and the plugin's names before the annotations).
+    pub const DUE_TIME: [&str; 4] = [DELIVER_AT, OPT_DELIVERY_TIME, DELAY, OPT_DELIVERY_DELAY];
     /// When the publisher published the message, epoch ms (the typed client sets it). A
     /// cancel drops the copies that entered before it: this header, when present, is when
     /// the copy entered; otherwise the moment the bridge first read it.
@@ -84,9 +96,11 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 24] = [
         DELAY,
         DELIVER_AT,
+        OPT_DELIVERY_TIME,
+        OPT_DELIVERY_DELAY,
         PUBLISHED_AT,
         STATE_DELIVER_AT,
         STATE_TARGET,

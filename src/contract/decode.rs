@@ -6,7 +6,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::value::{as_integer, as_text, parse_delay, parse_deliver_at, parse_published_at};
+use super::value::{as_integer, as_text, parse_delay_in, parse_deliver_at_in, parse_published_at};
 use super::{
     Envelope, Incoming, Intake, PERSISTENT, ParkReason, Parked, Properties, Stash, header,
 };
@@ -130,7 +130,10 @@ fn bad_state(name: &str) -> Parked {
     )
 }
 
-/// The due time of a new message: `x-deliver-at` wins over `x-delay`; neither means now.
+/// The due time of a new message: the first header of [`header::DUE_TIME`] present
+/// decides (an absolute time, `x-deliver-at` or `x-opt-delivery-time`, before a delay,
+/// `x-delay` or `x-opt-delivery-delay`); none means now. A bad value in the deciding header
+/// parks the message, even when a later one would do.
 fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u64, Parked> {
     let max_ms = max_delay.as_millis() as u64;
     let too_long = |what: String| {
@@ -142,24 +145,28 @@ fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u6
             ),
         )
     };
-    if let Some(value) = headers.inner().get(header::DELIVER_AT) {
-        let at = parse_deliver_at(value)
+    let Some((name, value)) = header::DUE_TIME
+        .iter()
+        .find_map(|name| headers.inner().get(*name).map(|value| (*name, value)))
+    else {
+        return Ok(now_ms);
+    };
+    if name == header::DELIVER_AT || name == header::OPT_DELIVERY_TIME {
+        let at = parse_deliver_at_in(name, value)
             .map_err(|detail| Parked::new(ParkReason::BadDeliverAt, detail))?;
         let at = u64::try_from(at).unwrap_or(0);
         if at.saturating_sub(now_ms) > max_ms {
-            return Err(too_long(format!("x-deliver-at {at}")));
+            return Err(too_long(format!("{name} {at}")));
         }
         return Ok(at.max(now_ms));
     }
-    let Some(value) = headers.inner().get(header::DELAY) else {
-        return Ok(now_ms);
-    };
-    let delay = parse_delay(value).map_err(|detail| Parked::new(ParkReason::BadDelay, detail))?;
+    let delay =
+        parse_delay_in(name, value).map_err(|detail| Parked::new(ParkReason::BadDelay, detail))?;
     if delay <= 0 {
         return Ok(now_ms);
     }
     if delay as u128 > u128::from(max_ms) {
-        return Err(too_long(format!("x-delay {delay} ms")));
+        return Err(too_long(format!("{name} {delay} ms")));
     }
     Ok(now_ms + delay as u64)
 }

@@ -863,3 +863,96 @@ mod arbitrary_tables {
         }
     }
 }
+
+#[test]
+fn the_amqp_1_0_delivery_annotations_sent_as_headers_set_the_due_time() {
+    use Outcome::*;
+    use ParkReason::*;
+    let at = |ms: u64| AMQPValue::LongLongInt((NOW + ms) as i64);
+    let cases: Vec<(&str, Headers, Outcome)> = vec![
+        (
+            "x-opt-delivery-time alone",
+            vec![("x-opt-delivery-time", at(4_000))],
+            DueIn(4_000),
+        ),
+        (
+            "x-opt-delivery-time as a 0-9-1 timestamp (seconds)",
+            vec![(
+                "x-opt-delivery-time",
+                AMQPValue::Timestamp((NOW + 9_000) / 1000),
+            )],
+            DueIn(9_000),
+        ),
+        (
+            "x-opt-delivery-time in seconds as an integer",
+            vec![(
+                "x-opt-delivery-time",
+                AMQPValue::LongLongInt((NOW / 1000) as i64),
+            )],
+            Park(BadDeliverAt),
+        ),
+        (
+            "x-opt-delivery-delay alone",
+            vec![("x-opt-delivery-delay", AMQPValue::LongInt(1_500))],
+            DueIn(1_500),
+        ),
+        (
+            "x-opt-delivery-delay bad",
+            vec![("x-opt-delivery-delay", ls("later"))],
+            Park(BadDelay),
+        ),
+        (
+            "x-deliver-at wins over x-opt-delivery-time",
+            vec![
+                ("x-opt-delivery-time", at(9_000)),
+                ("x-deliver-at", at(2_000)),
+            ],
+            DueIn(2_000),
+        ),
+        (
+            "x-opt-delivery-time wins over x-delay",
+            vec![
+                ("x-delay", AMQPValue::LongInt(100)),
+                ("x-opt-delivery-time", at(3_000)),
+            ],
+            DueIn(3_000),
+        ),
+        (
+            "x-delay wins over x-opt-delivery-delay",
+            vec![
+                ("x-opt-delivery-delay", AMQPValue::LongInt(8_000)),
+                ("x-delay", AMQPValue::LongInt(200)),
+            ],
+            DueIn(200),
+        ),
+        (
+            "a bad deciding header parks even with a good later one",
+            vec![
+                ("x-opt-delivery-time", ls("noon")),
+                ("x-delay", AMQPValue::LongInt(200)),
+            ],
+            Park(BadDeliverAt),
+        ),
+        (
+            "x-opt-delivery-delay beyond the maximum",
+            vec![(
+                "x-opt-delivery-delay",
+                AMQPValue::LongLongInt(400 * 86_400_000),
+            )],
+            Park(DelayTooLong),
+        ),
+    ];
+    for (name, headers, expected) in cases {
+        assert_eq!(outcome(headers), expected, "case: {name}");
+    }
+    let err = decode_with(
+        "in",
+        &with_headers(vec![("x-opt-delivery-delay", ls("later"))]),
+    )
+    .unwrap_err();
+    assert!(
+        err.detail.starts_with("x-opt-delivery-delay "),
+        "{}",
+        err.detail
+    );
+}

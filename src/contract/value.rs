@@ -11,32 +11,37 @@ const EARLIEST_DELIVER_AT_MS: i64 = 1_000_000_000_000;
 /// (optionally signed) digits, a float or decimal truncated toward zero. Huge values
 /// saturate (and are then refused as too long). Anything else is an error with a reason.
 pub fn parse_delay(value: &AMQPValue) -> Result<i128, String> {
+    parse_delay_in(super::header::DELAY, value)
+}
+
+/// As [`parse_delay`], for the header `name` (`x-opt-delivery-delay` reads the same way).
+pub fn parse_delay_in(name: &str, value: &AMQPValue) -> Result<i128, String> {
     if let Some(v) = as_integer(value) {
         return Ok(i128::from(v));
     }
     match value {
-        AMQPValue::Float(f) => float_delay(f64::from(*f)),
-        AMQPValue::Double(f) => float_delay(*f),
+        AMQPValue::Float(f) => float_delay(name, f64::from(*f)),
+        AMQPValue::Double(f) => float_delay(name, *f),
         AMQPValue::DecimalValue(d) => {
             Ok(i128::from(d.value) / 10i128.pow(u32::from(d.scale.min(30))))
         }
         AMQPValue::LongString(_) | AMQPValue::ShortString(_) => {
             let text = as_text(value).unwrap_or_default();
             parse_signed_digits(&text)
-                .ok_or_else(|| format!("x-delay {text:?} is not a whole number of milliseconds"))
+                .ok_or_else(|| format!("{name} {text:?} is not a whole number of milliseconds"))
         }
         other => Err(format!(
-            "x-delay must be an integer or a string of digits, got {}",
+            "{name} must be an integer or a string of digits, got {}",
             type_name(other)
         )),
     }
 }
 
-fn float_delay(f: f64) -> Result<i128, String> {
+fn float_delay(name: &str, f: f64) -> Result<i128, String> {
     if f.is_finite() {
         Ok(f.trunc().clamp(i128::MIN as f64, i128::MAX as f64) as i128)
     } else {
-        Err(format!("x-delay {f} is not a finite number"))
+        Err(format!("{name} {f} is not a finite number"))
     }
 }
 
@@ -61,10 +66,17 @@ fn parse_signed_digits(text: &str) -> Option<i128> {
 /// Reads `x-deliver-at`: epoch milliseconds (an integer, or a string of digits) or an
 /// RFC 3339 timestamp. Epoch values before 2001 are refused as probably seconds.
 pub fn parse_deliver_at(value: &AMQPValue) -> Result<i64, String> {
+    parse_deliver_at_in(super::header::DELIVER_AT, value)
+}
+
+/// As [`parse_deliver_at`], for the header `name`. `x-opt-delivery-time` reads the same
+/// way, and also as an AMQP 0-9-1 timestamp (whole seconds, which RabbitMQ turns into
+/// milliseconds when it carries the value to AMQP 1.0).
+pub fn parse_deliver_at_in(name: &str, value: &AMQPValue) -> Result<i64, String> {
     let epoch_ms = |v: i64| {
         if v < EARLIEST_DELIVER_AT_MS {
             Err(format!(
-                "x-deliver-at {v} is before 2001 as epoch milliseconds (seconds instead of milliseconds?)"
+                "{name} {v} is before 2001 as epoch milliseconds (seconds instead of milliseconds?)"
             ))
         } else {
             Ok(v)
@@ -79,19 +91,26 @@ pub fn parse_deliver_at(value: &AMQPValue) -> Result<i64, String> {
             if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
                 return text
                     .parse::<i64>()
-                    .map_err(|_| format!("x-deliver-at {text:?} is out of range"))
+                    .map_err(|_| format!("{name} {text:?} is out of range"))
                     .and_then(epoch_ms);
             }
             chrono::DateTime::parse_from_rfc3339(text.trim())
                 .map(|t| t.timestamp_millis())
                 .map_err(|e| {
                     format!(
-                        "x-deliver-at {text:?} is neither epoch milliseconds nor an RFC 3339 time ({e})"
+                        "{name} {text:?} is neither epoch milliseconds nor an RFC 3339 time ({e})"
                     )
                 })
         }
+        AMQPValue::Timestamp(seconds) if name == super::header::OPT_DELIVERY_TIME => {
+            i64::try_from(*seconds)
+                .ok()
+                .and_then(|s| s.checked_mul(1000))
+                .ok_or_else(|| format!("{name} timestamp {seconds} s is out of range"))
+                .and_then(epoch_ms)
+        }
         other => Err(format!(
-            "x-deliver-at must be epoch milliseconds or an RFC 3339 string, got {}",
+            "{name} must be epoch milliseconds or an RFC 3339 string, got {}",
             type_name(other)
         )),
     }

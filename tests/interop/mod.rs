@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
 use crate::support::*;
@@ -69,5 +70,48 @@ async fn a_python_pika_publisher_works_unchanged() {
         assert!(m.header("delay-bridge-hops").is_none());
     }
     assert_eq!(got[0].properties.message_id(), &Some("py-1".into()));
+    w.cleanup().await;
+}
+
+/// A publisher written for Tanzu RabbitMQ's delayed queues sets the AMQP 1.0 annotations
+/// `x-opt-delivery-time` (epoch ms) or `x-opt-delivery-delay` (ms); sent as headers, the
+/// bridge reads them as it reads `x-deliver-at` and `x-delay`.
+#[tokio::test]
+async fn the_delivery_annotations_of_tanzu_delayed_queues_work_as_headers() {
+    let mut w = World::start(Setup::new("annotations")).await;
+    let sent = delay_bridge::clock::now_ms();
+    let by_time = BasicProperties::default().with_headers(headers(vec![(
+        "x-opt-delivery-time",
+        AMQPValue::LongLongInt(sent as i64 + 1_200),
+    )]));
+    w.publish("rk.by-time", b"by-time", by_time).await;
+    let by_delay = BasicProperties::default().with_headers(headers(vec![(
+        "x-opt-delivery-delay",
+        AMQPValue::LongInt(600),
+    )]));
+    w.publish("rk.by-delay", b"by-delay", by_delay).await;
+    let first = w.recv_within(10 * SEC).await;
+    let second = w.recv_within(10 * SEC).await;
+    assert_eq!(
+        (first.routing_key.as_str(), second.routing_key.as_str()),
+        ("rk.by-delay", "rk.by-time"),
+        "the 600 ms one first"
+    );
+    assert!(
+        first.at_ms >= sent + 600,
+        "not early: {}",
+        first.at_ms - sent
+    );
+    assert!(
+        second.at_ms >= sent + 1_200,
+        "not early: {}",
+        second.at_ms - sent
+    );
+    assert!(
+        second.at_ms < sent + 1_200 + 1_000,
+        "late: {}",
+        second.at_ms - sent
+    );
+    w.assert_quiet(Duration::from_millis(300)).await;
     w.cleanup().await;
 }
