@@ -22,6 +22,8 @@ pub const ENV_URL: &str = "DELAY_BRIDGE_URL";
 pub const ENV_PREFIX: &str = "DELAY_BRIDGE_PREFIX";
 /// Environment variable that overrides `metrics.listen` (turning the listener on).
 pub const ENV_METRICS_LISTEN: &str = "DELAY_BRIDGE_METRICS_LISTEN";
+/// Environment variable that overrides `log.format`.
+pub const ENV_LOG_FORMAT: &str = "DELAY_BRIDGE_LOG_FORMAT";
 
 /// The default broker URL.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -111,6 +113,8 @@ pub struct RawConfig {
     pub management: RawManagement,
     #[serde(default, skip_serializing_if = "RawMetrics::is_unset")]
     pub metrics: RawMetrics,
+    #[serde(default)]
+    pub log: RawLog,
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
 }
@@ -240,6 +244,46 @@ pub struct RawCancel {
         skip_serializing_if = "Option::is_none"
     )]
     pub grace: Option<Duration>,
+}
+
+/// `[log]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+}
+
+/// How `delay-bridge` writes its log lines (`log.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Plain text, coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        match text {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(invalid("log.format", other, "must be \"text\" or \"json\"")),
+        }
+    }
 }
 
 /// `[[route]]`
@@ -502,6 +546,8 @@ pub struct Config {
     pub management: Option<ManagementConfig>,
     /// The metrics and health listener, when set (`[metrics]`).
     pub metrics: Option<MetricsConfig>,
+    /// How the command writes its log (`log.format`).
+    pub log_format: LogFormat,
     /// Ingress → target routes.
     pub routes: Vec<Route>,
 }
@@ -587,6 +633,7 @@ impl Config {
                     raw.broker.urls = Some(value.split_whitespace().map(str::to_string).collect());
                 }
                 ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
+                ENV_LOG_FORMAT => raw.log.format = Some(value.trim().to_string()),
                 ENV_METRICS_LISTEN => {
                     raw.metrics.listen = Some(value.trim().parse().map_err(|_| {
                         invalid(
@@ -605,7 +652,7 @@ impl Config {
 
 /// The overrides present in the process environment.
 pub fn env_overrides() -> Vec<(&'static str, String)> {
-    [ENV_URL, ENV_PREFIX, ENV_METRICS_LISTEN]
+    [ENV_URL, ENV_PREFIX, ENV_METRICS_LISTEN, ENV_LOG_FORMAT]
         .into_iter()
         .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
         .collect()
@@ -815,6 +862,10 @@ impl RawConfig {
         }
         let management = self.management.validate()?;
         let metrics = self.metrics.validate()?;
+        let log_format = match &self.log.format {
+            Some(text) => text.parse()?,
+            None => LogFormat::default(),
+        };
         Ok(Config {
             urls,
             names,
@@ -832,6 +883,7 @@ impl RawConfig {
             cancel_grace,
             management,
             metrics,
+            log_format,
             routes,
         })
     }
@@ -975,6 +1027,9 @@ impl Config {
                     interval: Some(m.interval),
                 })
                 .unwrap_or_default(),
+            log: RawLog {
+                format: Some(self.log_format.to_string()),
+            },
             routes: self
                 .routes
                 .iter()

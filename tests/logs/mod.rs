@@ -108,6 +108,43 @@ async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
     w.cleanup().await;
 }
 
+/// `log.format = "json"`: every line the daemon writes is one JSON object with its time,
+/// level and message, the fields of the event beside them.
+#[tokio::test]
+async fn the_json_log_format_writes_one_object_per_line() {
+    let mut w = World::without_bridge("jsonlog").await;
+    let config = w.config_file_with(|config| {
+        config.log_format = delay_bridge::config::LogFormat::Json;
+    });
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
+    let bridge = spawn_logging(&config, None, &log);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    let bad =
+        BasicProperties::default().with_headers(headers(vec![("x-delay", text_value("soon"))]));
+    w.publish("rk.jsonlog", b"bad", bad).await;
+    w.parked_within(10 * SEC).await;
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(lines.len() >= 3, "starting, consuming, parking:\n{text}");
+    for line in &lines {
+        for key in ["timestamp", "level", "message"] {
+            assert!(line.get(key).is_some(), "no {key} in {line}");
+        }
+    }
+    let parking = lines
+        .iter()
+        .find(|line| line["message"] == "parking message")
+        .unwrap_or_else(|| panic!("the parking is logged:\n{text}"));
+    assert_eq!(parking["level"], "WARN");
+    assert_eq!(parking["reason"], "bad-delay");
+    let _ = std::fs::remove_file(&log);
+    w.cleanup().await;
+}
+
 fn text_value(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }

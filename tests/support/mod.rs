@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use delay_bridge::bridge::Stats;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::{
-    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawManagement, RawMetrics,
-    RawRoute, RawTopology, Route,
+    Config, RawBridge, RawBroker, RawCancel, RawConfig, RawDelays, RawLog, RawManagement,
+    RawMetrics, RawRoute, RawTopology, Route,
 };
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
@@ -169,6 +169,7 @@ pub fn raw_config(
         cancel: RawCancel::default(),
         management: RawManagement::default(),
         metrics: RawMetrics::default(),
+        log: RawLog::default(),
         routes: routes
             .iter()
             .map(|(ingress, target)| RawRoute {

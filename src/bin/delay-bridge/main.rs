@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::bridge::Bridge;
-use delay_bridge::config::{Config, RawConfig, defaults};
+use delay_bridge::config::{Config, LogFormat, RawConfig, defaults};
 use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
 use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
@@ -160,55 +160,72 @@ fn ensure_thread_stack() {
 fn main() -> Result<()> {
     ensure_thread_stack();
     let cli = Cli::parse();
+    // The commands that work with a broker read the whole configuration first, so that
+    // `log.format` applies to their first line; `plan` and `ladders` read it leniently.
+    let config = match cli.command {
+        Command::Plan { .. } | Command::Ladders { .. } => None,
+        _ => Some(load(&cli)?),
+    };
     // The demo prints its own story; the bridge's logs would interleave with it.
     let default_filter = match cli.command {
         Command::Demo => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(default_filter))
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
-    match &cli.command {
-        Command::Run => {
-            let config = load(&cli)?;
+    init_logging(
+        config.as_ref().map_or(LogFormat::Text, |c| c.log_format),
+        default_filter,
+    );
+    match (&cli.command, config) {
+        (Command::Run, Some(config)) => {
             bridge_runtime(config.worker_threads)?.block_on(run(config))
         }
-        Command::Demo => {
-            let config = load(&cli)?;
-            runtime()?.block_on(demo::run_demo(&config))
-        }
-        Command::Plan {
-            delay,
-            ladder,
-            margin,
-        } => print_plan(&cli, *delay, ladder.as_deref(), *margin),
-        Command::Ladders { max, margin, extra } => {
+        (Command::Demo, Some(config)) => runtime()?.block_on(demo::run_demo(&config)),
+        (
+            Command::Plan {
+                delay,
+                ladder,
+                margin,
+            },
+            _,
+        ) => print_plan(&cli, *delay, ladder.as_deref(), *margin),
+        (Command::Ladders { max, margin, extra }, _) => {
             print_ladders(*max, margin.unwrap_or(defaults::MARGIN), extra)
         }
-        Command::Schedule { message_id, args } => {
-            let config = load(&cli)?;
+        (Command::Schedule { message_id, args }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
         }
-        Command::Cancel { message_id, due } => {
-            let config = load(&cli)?;
+        (Command::Cancel { message_id, due }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::cancel(&config, message_id, due.as_deref()))
         }
-        Command::Reschedule { message_id, args } => {
-            let config = load(&cli)?;
+        (Command::Reschedule { message_id, args }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::reschedule(&config, message_id, args))
         }
-        Command::Health { ready } => {
-            let config = load(&cli)?;
+        (Command::Health { ready }, Some(config)) => {
             runtime()?.block_on(health::check(&config, *ready))
         }
-        Command::CheckConfig => {
-            let config = load(&cli)?;
+        (Command::CheckConfig, Some(config)) => {
             println!("# {}: valid", cli.config.display());
             print!("{config}");
             Ok(())
         }
+        (_, None) => unreachable!("every other command loaded the configuration"),
+    }
+}
+
+/// Log lines to stderr: plain text (coloured only on a terminal) or one JSON object per
+/// line, filtered by `RUST_LOG` or `default_filter`.
+fn init_logging(format: LogFormat, default_filter: &str) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(log_filter(default_filter))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_ansi(false)
+            .init(),
     }
 }
 
