@@ -177,7 +177,9 @@ async fn cc_on_a_hopping_message_reaches_no_queue_through_its_hops() {
     assert_eq!(delivered.body, b"cc");
     assert_eq!(delivered.header("CC"), Some(&cc), "CC restored on delivery");
     assert_eq!(delivered.header("BCC"), None, "the broker removes BCC");
-    assert!(w.stats().snapshot().hops >= 3, "it hopped");
+    // Three hops on an idle machine; a busy one reads the message later and plans fewer
+    // (the planner works from the clock). One hop is all the check needs.
+    assert!(w.stats().snapshot().hops >= 1, "it hopped");
     let copied = tokio::time::timeout(5 * SEC, copy_rx.recv())
         .await
         .expect("CC's routing key in the target exchange gets its copy")
