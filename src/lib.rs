@@ -28,7 +28,9 @@
 //!   matches returns to their own publish and decides what a result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
-//!   expired messages that its dead-letter worker has not forwarded).
+//!   expired messages that its dead-letter worker has not forwarded, bytes).
+//! - [`parked`]: the parked queue, read without taking anything out of it.
+//! - [`status`]: what the topology holds now, queue by queue.
 //!
 //! The service and its client:
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
@@ -56,8 +58,10 @@ pub mod contract;
 pub mod ladder;
 pub mod management;
 pub mod naming;
+pub mod parked;
 pub mod pending;
 pub mod plan;
+pub mod status;
 pub mod topology;
 
 #[cfg(feature = "http")]

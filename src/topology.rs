@@ -16,6 +16,12 @@ use crate::config::{Config, QueueType};
 /// reason before that (`bridge.redelivery_limit`, at most one below this).
 pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 50;
 
+/// The quorum parked queue's delivery limit: in effect none. Without one, RabbitMQ 4.x
+/// applies its default of 20, and a parked message handed back to the queue 20 times (read
+/// with requeue, by `delay-bridge status` or any tool) would be dropped: the parked queue
+/// dead-letters nowhere. (-1, "no limit" on 4.x, drops every returned message on 3.x.)
+pub const PARKED_DELIVERY_LIMIT: i64 = i32::MAX as i64;
+
 /// Classic queues are declared as version 2 (the only version from 4.0; opt-in on 3.10 and
 /// 3.11). Measured on 3.10.8 (`delay-bridge bench steady`): with v1 the broker needed ~10%
 /// more CPU and, at 2000 msg/s on 2 cores, delivered 1% of expired messages to the bridge
@@ -80,12 +86,18 @@ impl TopologyError {
     }
 }
 
-/// Queue arguments that do not change what happens to the messages in a queue (its storage
-/// format, its paging, how long a stream keeps old entries). An existing queue that differs
-/// from the configuration only in these is used as it is, with a warning, so that upgrading
-/// the bridge or changing `max_delay` or `cancel.grace` never asks to delete a queue that
-/// may hold messages.
-pub const TOLERATED_ARGUMENTS: [&str; 3] = ["x-queue-version", "x-queue-mode", "x-max-age"];
+/// Queue arguments an existing queue may differ in: it is used as it is, with a warning, so
+/// that upgrading the bridge or changing `max_delay` or `cancel.grace` never asks to delete
+/// a queue that may hold messages. The first three do not change what happens to the
+/// messages (storage format, paging, how long a stream keeps old entries); a queue declared
+/// before the bridge set `x-delivery-limit` keeps the broker's default, and the warning
+/// says what that risks and how to change it.
+pub const TOLERATED_ARGUMENTS: [&str; 4] = [
+    "x-queue-version",
+    "x-queue-mode",
+    "x-max-age",
+    "x-delivery-limit",
+];
 
 /// What a 406 "inequivalent arg" says: the argument, and the existing queue's value
 /// (`None`: it has none). Reads the broker's text, for example `inequivalent arg
@@ -155,6 +167,10 @@ impl Topology {
             work_args.push(("x-dead-letter-strategy", text("at-least-once")));
             work_args.push(("x-overflow", text("reject-publish")));
             replicated(&mut parked_args);
+            parked_args.push((
+                "x-delivery-limit",
+                AMQPValue::LongLongInt(PARKED_DELIVERY_LIMIT),
+            ));
         } else {
             work_args.push(CLASSIC_QUEUE_VERSION);
         }
@@ -357,12 +373,23 @@ async fn declare_queue(
         *channel = open(connection, "channel", "declare").await?;
         arguments = adjusted;
         kept.push(argument.clone());
-        tracing::warn!(
-            queue = %queue.name,
-            argument = %argument,
-            existing = current.as_deref().unwrap_or("none"),
-            "queue exists with another value of an argument that does not change what happens to its messages; used as it is"
-        );
+        if argument == "x-delivery-limit" {
+            tracing::warn!(
+                queue = %queue.name,
+                existing = current.as_deref().unwrap_or("none"),
+                "queue exists with another delivery limit than the bridge sets; used as it is. \
+                 Without one, RabbitMQ 4.x applies 20: a message handed back to it 20 times \
+                 (read with requeue) is dropped or dead-lettered. Set the limit with a policy \
+                 (delivery-limit) or move to a new topology.prefix"
+            );
+        } else {
+            tracing::warn!(
+                queue = %queue.name,
+                argument = %argument,
+                existing = current.as_deref().unwrap_or("none"),
+                "queue exists with another value of an argument that does not change what happens to its messages; used as it is"
+            );
+        }
     }
     Ok(())
 }
@@ -453,6 +480,12 @@ mod tests {
         let work = &t.queues[0];
         assert_eq!(arg(work, "x-dead-letter-exchange"), Some(&text("p.parked")));
         assert!(arg(work, "x-delivery-limit").is_some());
+        // The parked queue dead-letters nowhere: 4.x's default limit would drop messages.
+        let parked = &t.queues[1];
+        assert_eq!(
+            arg(parked, "x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(PARKED_DELIVERY_LIMIT))
+        );
         for q in [&t.queues[0], &t.queues[2], &t.queues[3]] {
             assert_eq!(
                 arg(q, "x-dead-letter-strategy"),

@@ -14,6 +14,7 @@ mod logs;
 mod metrics;
 mod no_loss;
 mod refusals;
+mod status;
 mod stuck_levels;
 mod support;
 mod upgrade;

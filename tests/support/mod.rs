@@ -101,6 +101,8 @@ pub struct Setup<'a> {
     pub max_unacked_bytes: Option<u64>,
     /// `[management]`, when set.
     pub management: RawManagement,
+    /// False: nothing consumes the parked queue (the test reads it itself).
+    pub watch_parked: bool,
 }
 
 impl<'a> Setup<'a> {
@@ -119,6 +121,7 @@ impl<'a> Setup<'a> {
             redelivery_limit: None,
             max_unacked_bytes: None,
             management: RawManagement::default(),
+            watch_parked: true,
         }
     }
 
@@ -209,10 +212,13 @@ impl World {
         let received = delay_bridge::sandbox::watch_queue(&sandbox.conn, &sandbox.target_queue)
             .await
             .expect("target watched");
-        let parked =
+        let parked = if setup.watch_parked {
             delay_bridge::sandbox::watch_queue(&sandbox.conn, &sandbox.config.names.parked_queue())
                 .await
-                .expect("parked queue watched");
+                .expect("parked queue watched")
+        } else {
+            mpsc::unbounded_channel().1
+        };
         let publisher = sandbox.channel().await.unwrap();
         publisher
             .confirm_select(ConfirmSelectOptions::default())

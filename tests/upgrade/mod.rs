@@ -129,3 +129,68 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A quorum parked queue declared before the bridge set its delivery limit: the bridge
+/// starts on it (warning that RabbitMQ 4.x's default applies) and parks into it.
+#[tokio::test]
+async fn a_quorum_parked_queue_without_a_delivery_limit_is_used_as_it_is() {
+    // Its own watcher would consume the queue this test replaces.
+    let w = World::start(Setup {
+        queue_type: "quorum",
+        start_bridge: false,
+        watch_parked: false,
+        ..Setup::new("upgrade-parked")
+    })
+    .await;
+    let parked = w.config.names.parked_queue();
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.queue_delete(parked.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), text("quorum"));
+    ch.queue_declare(
+        parked.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        parked.as_str().into(),
+        w.config.names.parked_exchange().as_str().into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let (token, handle) = run_bridge(w.config.clone()).await;
+    w.publish("nobody.upgrade", b"parked", with_delay(0)).await;
+    wait_until_async("the message is parked", 10 * SEC, || async {
+        w.queue_depth(&parked).await == 1
+    })
+    .await;
+    // `status` does not read such a queue (each read would count against 4.x's default
+    // limit) and says why.
+    let status = delay_bridge::status::read(&w.config, &w.conn, 100)
+        .await
+        .expect("the status is read");
+    assert_eq!(status.parked.read, 0);
+    assert!(
+        status
+            .parked
+            .not_read
+            .as_deref()
+            .is_some_and(|why| why.contains("delivery limit")),
+        "{:?}",
+        status.parked
+    );
+    assert_eq!(w.queue_depth(&parked).await, 1);
+    token.cancel();
+    handle.await.unwrap();
+    w.cleanup().await;
+}

@@ -18,6 +18,7 @@ use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 mod demo;
 mod health;
 mod schedule_cmd;
+mod status_cmd;
 
 /// Exact, arbitrary delayed delivery for RabbitMQ, without a broker plugin.
 ///
@@ -75,6 +76,10 @@ enum Command {
     },
     /// Validate the configuration (with environment overrides) and print the effective one.
     CheckConfig,
+    /// What the bridge's topology holds now: each queue's messages (bytes too with
+    /// `[management]`), the work queue's consumers, the parked messages by reason and the
+    /// cancel stream's entries; a table, or JSON.
+    Status(status_cmd::StatusArgs),
     /// Ask a running bridge's listener (`metrics.listen`) whether it is alive (`/healthz`),
     /// or with `--ready` whether it is ready (`/readyz`); exits 0 if so, 1 if not. For
     /// container health checks: the image needs no HTTP client.
@@ -199,6 +204,9 @@ fn main() -> Result<()> {
         }
         (Command::Reschedule { message_id, args }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::reschedule(&config, message_id, args))
+        }
+        (Command::Status(args), Some(config)) => {
+            runtime()?.block_on(status_cmd::status(&config, args))
         }
         (Command::Health { ready }, Some(config)) => {
             runtime()?.block_on(health::check(&config, *ready))

@@ -1,0 +1,247 @@
+//! What a bridge's topology holds now, for `delay-bridge status`: each queue's messages (a
+//! passive declare; bytes too when the management API is configured), the work queue's
+//! consumers, the parked messages by reason, and the cancel stream's entries.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::Connection;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::amqp::{QueueCounts, queue_counts};
+use crate::config::{Config, QueueType};
+use crate::ladder::format_duration;
+use crate::management::{Management, ManagementError, QueueFigures};
+use crate::parked::{self, ParkedReadError};
+use crate::topology::Topology;
+
+/// How long one management API request may take.
+const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the status could not be read.
+#[derive(Debug, Error)]
+pub enum StatusError {
+    /// A queue of the bridge could not be counted (it does not exist: is the bridge's
+    /// topology declared, with this prefix?).
+    #[error("counting `{queue}`: {source}")]
+    Count {
+        /// The queue.
+        queue: String,
+        /// The client error.
+        source: lapin::Error,
+    },
+    /// The parked queue could not be read.
+    #[error(transparent)]
+    Parked(#[from] ParkedReadError),
+    /// The management API did not answer.
+    #[error(transparent)]
+    Management(#[from] ManagementError),
+}
+
+/// One queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueStatus {
+    /// Its name.
+    pub name: String,
+    /// Messages ready in it (a passive declare; the management API's count when it is
+    /// configured, which also counts unacknowledged ones and, in a quorum queue, expired
+    /// ones its dead-letter worker has not forwarded).
+    pub messages: u64,
+    /// Bytes of the bodies it holds (management API only).
+    pub bytes: Option<u64>,
+    /// Its consumers.
+    pub consumers: u64,
+}
+
+/// One delay level.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LevelStatus {
+    /// The level, as the ladder prints it.
+    pub level: String,
+    /// Its queue.
+    #[serde(flatten)]
+    pub queue: QueueStatus,
+}
+
+/// The parked queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParkedStatus {
+    /// The queue.
+    #[serde(flatten)]
+    pub queue: QueueStatus,
+    /// Reasons of the messages read, and how many have each.
+    pub by_reason: BTreeMap<String, u64>,
+    /// How many messages were read for `by_reason` (at most the limit asked for).
+    pub read: u64,
+    /// Why none were read, when that was not safe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_read: Option<String>,
+}
+
+/// Everything `status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Status {
+    /// The bridge's prefix.
+    pub prefix: String,
+    /// `classic` or `quorum`.
+    pub queue_type: String,
+    /// Where the figures come from: `amqp` (passive declares) or `management`.
+    pub source: &'static str,
+    /// The work queue: new messages and those back from a level, and the bridges
+    /// consuming it.
+    pub work: QueueStatus,
+    /// Every level, ascending.
+    pub levels: Vec<LevelStatus>,
+    /// Messages in all levels together.
+    pub pending_in_levels: u64,
+    /// The parked queue.
+    pub parked: ParkedStatus,
+    /// The cancel stream: its entries (tombstones, and the catch-up markers bridges append
+    /// when they start).
+    pub cancel_stream: QueueStatus,
+}
+
+/// Reads the status of `config`'s topology on `connection`, reading at most
+/// `parked_limit` parked messages for their reasons.
+pub async fn read(
+    config: &Config,
+    connection: &Connection,
+    parked_limit: u16,
+) -> Result<Status, StatusError> {
+    let names = &config.names;
+    let figures = match &config.management {
+        Some(management) => Some(
+            Management::new(&management.urls, config.url(), MANAGEMENT_TIMEOUT)
+                .queues(names.prefix())
+                .await?,
+        ),
+        None => None,
+    };
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|source| StatusError::Count {
+            queue: names.work_queue(),
+            source,
+        })?;
+    let count = |name: String| {
+        let channel = &channel;
+        let figures = figures.as_deref();
+        async move {
+            let counted =
+                queue_counts(channel, &name)
+                    .await
+                    .map_err(|source| StatusError::Count {
+                        queue: name.clone(),
+                        source,
+                    })?;
+            Ok::<_, StatusError>(queue_status(name, counted, figures))
+        }
+    };
+    let work = count(names.work_queue()).await?;
+    let mut levels = Vec::with_capacity(config.ladder.levels().len());
+    for level in config.ladder.levels() {
+        levels.push(LevelStatus {
+            level: format_duration(*level),
+            queue: count(names.level_queue(*level)).await?,
+        });
+    }
+    let parked_queue = count(names.parked_queue()).await?;
+    let cancel_stream = count(names.cancel_stream()).await?;
+    let _ = channel.close(200, "counted".into()).await;
+    let not_read = unsafe_to_read(config, connection).await;
+    let read = match not_read {
+        None => {
+            parked::peek(connection, &names.parked_queue(), parked_limit)
+                .await?
+                .0
+        }
+        Some(_) => Vec::new(),
+    };
+    Ok(Status {
+        prefix: names.prefix().to_string(),
+        queue_type: config.queue_type.to_string(),
+        source: if figures.is_some() {
+            "management"
+        } else {
+            "amqp"
+        },
+        pending_in_levels: levels.iter().map(|l| l.queue.messages).sum(),
+        work,
+        levels,
+        parked: ParkedStatus {
+            queue: parked_queue,
+            by_reason: parked::count_by_reason(&read),
+            read: read.len() as u64,
+            not_read,
+        },
+        cancel_stream,
+    })
+}
+
+/// Why reading the parked queue (which hands every message back) could lose messages: a
+/// quorum parked queue declared before the bridge set its delivery limit has RabbitMQ 4.x's
+/// default, 20 hand-backs. Declaring it as the bridge does tells: the broker refuses
+/// another limit than the queue's.
+async fn unsafe_to_read(config: &Config, connection: &Connection) -> Option<String> {
+    if config.queue_type != QueueType::Quorum {
+        return None;
+    }
+    let topology = Topology::from_config(config);
+    let parked = topology
+        .queues
+        .iter()
+        .find(|q| q.name == config.names.parked_queue())?;
+    let channel = connection.create_channel().await.ok()?;
+    let mut arguments = FieldTable::default();
+    for (name, value) in &parked.arguments {
+        arguments.insert((*name).into(), value.clone());
+    }
+    let declared = channel
+        .queue_declare(
+            parked.name.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await;
+    match declared {
+        Ok(_) => {
+            let _ = channel.close(200, "checked".into()).await;
+            None
+        }
+        Err(e) => Some(format!(
+            "not read: the parked queue does not have the delivery limit the bridge sets ({e}); \
+             on RabbitMQ 4.x each read would count against its default limit of 20, past which \
+             it drops messages (see the README's 'Changing the topology')"
+        )),
+    }
+}
+
+/// A queue's status from its passive declare, and its management figures when there are
+/// some (they count every message, not only the ready ones, and the bytes).
+fn queue_status(
+    name: String,
+    counted: QueueCounts,
+    figures: Option<&[QueueFigures]>,
+) -> QueueStatus {
+    match figures.and_then(|all| all.iter().find(|f| f.name == name)) {
+        Some(f) => QueueStatus {
+            name,
+            messages: f.messages.max(counted.messages),
+            bytes: Some(f.message_bytes),
+            consumers: counted.consumers,
+        },
+        None => QueueStatus {
+            name,
+            messages: counted.messages,
+            bytes: None,
+            consumers: counted.consumers,
+        },
+    }
+}

@@ -1,0 +1,141 @@
+//! `delay-bridge status` shows what the topology holds: messages per level, the work
+//! queue's consumers, parked messages by reason (left parked), the cancel stream.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use delay_bridge::sandbox::process::ConfigFile;
+use lapin::BasicProperties;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The output of `delay-bridge status` with `args` on `config`.
+async fn status(config: &ConfigFile, args: &[&str]) -> String {
+    let output = config
+        .command(bridge_exe())
+        .arg("status")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("delay-bridge status runs");
+    assert!(
+        output.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// `status --json`, read until `ready` holds for it or the deadline passes.
+async fn status_when(
+    config: &ConfigFile,
+    within: Duration,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let json: serde_json::Value =
+            serde_json::from_str(&status(config, &["--json"]).await).expect("JSON");
+        if ready(&json) {
+            return json;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {json:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn status_shows_levels_consumers_and_parked_reasons_and_leaves_them_parked() {
+    let w = World::start(Setup {
+        ladder: "100ms 200ms 400ms 800ms 10m",
+        watch_parked: false,
+        ..Setup::new("status")
+    })
+    .await;
+    for _ in 0..3 {
+        w.publish("rk.status.later", b"later", with_delay(30 * 60 * 1000))
+            .await;
+    }
+    for i in 0..2 {
+        w.publish(&format!("nobody.status.{i}"), b"x", with_delay(100))
+            .await;
+    }
+    let bad = BasicProperties::default().with_headers(headers(vec![("x-delay", text("soon"))]));
+    w.publish("rk.status.bad", b"bad", bad).await;
+    let config = w.config_file(4000);
+
+    let level = |json: &serde_json::Value, level: &str| {
+        json["levels"]
+            .as_array()
+            .and_then(|levels| levels.iter().find(|l| l["level"] == level))
+            .map(|l| l["messages"].as_u64().unwrap_or(0))
+    };
+    let json = status_when(&config, 30 * SEC, |json| {
+        level(json, "10m") == Some(3) && json["parked"]["messages"] == 3
+    })
+    .await;
+    assert_eq!(json["work"]["consumers"], 1, "{json:#}");
+    assert_eq!(json["pending_in_levels"], 3, "{json:#}");
+    assert_eq!(json["parked"]["read"], 3, "{json:#}");
+    assert_eq!(json["parked"]["by_reason"]["unroutable"], 2, "{json:#}");
+    assert_eq!(json["parked"]["by_reason"]["bad-delay"], 1, "{json:#}");
+    assert_eq!(
+        json["cancel_stream"]["name"],
+        w.config.names.cancel_stream(),
+        "{json:#}"
+    );
+
+    // Reading them left them parked; the table says the same.
+    let table = status(&config, &[]).await;
+    assert!(table.contains("level 10m"), "{table}");
+    assert!(
+        !table.contains("level 100ms"),
+        "empty levels are not shown:\n{table}"
+    );
+    assert!(table.contains("unroutable"), "{table}");
+    assert!(table.contains("(3 of 3 read; they stay parked)"), "{table}");
+    assert_eq!(w.queue_depth(&w.config.names.parked_queue()).await, 3);
+    w.cleanup().await;
+}
+
+/// Reading the parked queue hands its messages back: read 25 times, more than RabbitMQ
+/// 4.x's default delivery limit of quorum queues (20), they are all still parked.
+#[tokio::test]
+async fn reading_a_quorum_parked_queue_many_times_loses_nothing() {
+    let w = World::start(Setup {
+        queue_type: "quorum",
+        watch_parked: false,
+        ..Setup::new("status-peek")
+    })
+    .await;
+    for i in 0..3 {
+        w.publish(&format!("nobody.peek.{i}"), b"x", with_delay(0))
+            .await;
+    }
+    let parked_queue = w.config.names.parked_queue();
+    let deadline = Instant::now() + 30 * SEC;
+    while w.queue_depth(&parked_queue).await < 3 {
+        assert!(Instant::now() < deadline, "3 parked within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for round in 0..25 {
+        let (read, held) = delay_bridge::parked::peek(&w.conn, &parked_queue, 100)
+            .await
+            .expect("the parked queue is read");
+        assert_eq!((read.len(), held), (3, 3), "round {round}");
+        // The closed channel's messages are back before the next read counts them.
+        let deadline = Instant::now() + 10 * SEC;
+        while w.queue_depth(&parked_queue).await < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: not back within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    w.cleanup().await;
+}
