@@ -87,6 +87,8 @@ pub mod header {
     pub const REASON: &str = "delay-bridge-reason";
     /// On parked messages: a human explanation.
     pub const DETAIL: &str = "delay-bridge-detail";
+    /// On parked messages: when the bridge parked it, epoch ms.
+    pub const PARKED_AT: &str = "delay-bridge-parked-at";
     /// On delivered messages whose publisher set a `user_id` other than the bridge's user.
     pub const ORIGINAL_USER_ID: &str = "original-user-id";
     /// Failed deliveries so far, set by quorum queues on redelivery.
@@ -96,7 +98,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -117,6 +119,7 @@ pub mod header {
         STATE_ENTERED_AT,
         REASON,
         DETAIL,
+        PARKED_AT,
         ORIGINAL_USER_ID,
         DELIVERY_COUNT,
         "x-death",

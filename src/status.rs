@@ -15,7 +15,7 @@ use crate::amqp::{QueueCounts, queue_counts};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
 use crate::management::{Management, ManagementError, QueueFigures};
-use crate::parked::{self, ParkedReadError};
+use crate::parked::{self, ParkedError};
 use crate::topology::Topology;
 
 /// How long one management API request may take.
@@ -35,7 +35,7 @@ pub enum StatusError {
     },
     /// The parked queue could not be read.
     #[error(transparent)]
-    Parked(#[from] ParkedReadError),
+    Parked(#[from] ParkedError),
     /// The management API did not answer.
     #[error(transparent)]
     Management(#[from] ManagementError),

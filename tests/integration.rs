@@ -13,6 +13,7 @@ mod interop;
 mod logs;
 mod metrics;
 mod no_loss;
+mod parked;
 mod refusals;
 mod status;
 mod stuck_levels;

@@ -383,9 +383,10 @@ impl Carrier {
         );
         tracing::debug!(reason = parked.reason.as_str(), detail = %parked.detail, "parked detail");
         let exchange = self.shared.config.names.parked_exchange();
-        let mut properties = parked_properties(consumed, parked);
+        let parked_at = now_ms();
+        let mut properties = parked_properties(consumed, parked, parked_at);
         if !contract::fits_frame(&properties, self.frame_max) {
-            properties = contract::parked_properties_without_headers(consumed, parked);
+            properties = contract::parked_properties_without_headers(consumed, parked, parked_at);
         }
         let attempt = Attempt {
             tag,

@@ -157,7 +157,11 @@ fn negated_delay(delay: i128) -> AMQPValue {
 /// replay, made persistent and safe to sit in a queue: `expiration`, `user_id`, `CC` and
 /// `BCC` move to bridge headers (an expiration would delete it), dead-letter headers are stripped, and
 /// `delay-bridge-reason` and `delay-bridge-detail` say why.
-pub fn parked_properties(consumed: &BasicProperties, parked: &Parked) -> BasicProperties {
+pub fn parked_properties(
+    consumed: &BasicProperties,
+    parked: &Parked,
+    parked_at_ms: u64,
+) -> BasicProperties {
     let mut props = Properties::from(consumed);
     let mut headers: BTreeMap<ShortString, AMQPValue> = props
         .headers
@@ -188,6 +192,10 @@ pub fn parked_properties(consumed: &BasicProperties, parked: &Parked) -> BasicPr
     }
     headers.insert(key(header::REASON), long_string(parked.reason.as_str()));
     headers.insert(key(header::DETAIL), long_string(&parked.detail));
+    headers.insert(
+        key(header::PARKED_AT),
+        AMQPValue::LongLongInt(i64::try_from(parked_at_ms).unwrap_or(i64::MAX)),
+    );
     props.headers = Some(FieldTable::from(headers));
     props.delivery_mode = Some(PERSISTENT);
     props.into()
@@ -199,6 +207,7 @@ pub fn parked_properties(consumed: &BasicProperties, parked: &Parked) -> BasicPr
 pub fn parked_properties_without_headers(
     consumed: &BasicProperties,
     parked: &Parked,
+    parked_at_ms: u64,
 ) -> BasicProperties {
     let mut bare = Properties::from(consumed);
     bare.headers = bare.headers.map(|h| {
@@ -214,5 +223,9 @@ pub fn parked_properties_without_headers(
         "{}; the publisher's headers were dropped: with the parking headers they do not fit in a frame",
         parked.detail
     );
-    parked_properties(&bare.into(), &Parked::new(parked.reason, detail))
+    parked_properties(
+        &bare.into(),
+        &Parked::new(parked.reason, detail),
+        parked_at_ms,
+    )
 }

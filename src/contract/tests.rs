@@ -492,7 +492,11 @@ fn bridge_strings_are_long_strings_and_integers_long_long() {
             "{k} is {v:?}"
         );
     }
-    let parked = parked_properties(&hop, &Parked::new(ParkReason::Unroutable, "no queue bound"));
+    let parked = parked_properties(
+        &hop,
+        &Parked::new(ParkReason::Unroutable, "no queue bound"),
+        NOW,
+    );
     for (k, v) in parked.headers().as_ref().unwrap() {
         assert!(
             !matches!(v, AMQPValue::ShortString(_)),
@@ -554,8 +558,13 @@ fn parked_messages_cannot_expire_and_say_why() {
     let parked = parked_properties(
         &published,
         &Parked::new(ParkReason::BadDelay, "x-delay \"soon\" is not a number"),
+        NOW,
     );
     assert_eq!(parked.expiration(), &None);
+    assert_eq!(
+        header(&parked, header::PARKED_AT),
+        Some(&AMQPValue::LongLongInt(NOW as i64))
+    );
     assert_eq!(parked.user_id(), &None);
     assert_eq!(parked.delivery_mode(), &Some(PERSISTENT));
     assert_eq!(header(&parked, header::REASON), Some(&ls("bad-delay")));
@@ -656,8 +665,8 @@ fn consumed_properties_rebuild_what_a_level_message_was_read_with() {
     );
     let parked = Parked::new(ParkReason::Unroutable, "no queue bound");
     assert_eq!(
-        parked_properties(&consumed_properties(&read), &parked),
-        parked_properties(&consumed, &parked),
+        parked_properties(&consumed_properties(&read), &parked, NOW),
+        parked_properties(&consumed, &parked, NOW),
         "parking from the envelope parks the same message"
     );
 }
@@ -686,7 +695,7 @@ fn cc_and_bcc_are_set_aside_on_hops_and_restored_on_delivery() {
     assert_eq!(header(&delivered, "app"), Some(&ls("kept")));
     assert_eq!(header(&delivered, "delay-bridge-cc"), None);
     // Parked copies cannot route by CC either.
-    let parked = parked_properties(&published, &Parked::new(ParkReason::BadState, "test"));
+    let parked = parked_properties(&published, &Parked::new(ParkReason::BadState, "test"), NOW);
     assert_eq!(header(&parked, "CC"), None);
     assert_eq!(header(&parked, "delay-bridge-cc"), Some(&cc));
 }
@@ -717,7 +726,7 @@ fn a_parked_copy_without_publisher_headers_keeps_the_bridges_and_says_so() {
     let consumed = with_headers(vec![("app", ls("big")), ("delay-bridge-target", ls("out"))])
         .with_message_id("m".into());
     let parked = Parked::new(ParkReason::TooLarge, "over the frame");
-    let props = parked_properties_without_headers(&consumed, &parked);
+    let props = parked_properties_without_headers(&consumed, &parked, NOW);
     assert_eq!(header(&props, "app"), None);
     assert_eq!(header(&props, "delay-bridge-target"), Some(&ls("out")));
     assert_eq!(

@@ -354,7 +354,7 @@ impl World {
     pub async fn assert_quiet(&mut self, quiet: Duration) {
         tokio::select! {
             m = self.received.recv() => panic!("unexpected message on the target: {m:?}"),
-            m = self.parked.recv() => panic!("unexpected parked message: {m:?}"),
+            Some(m) = self.parked.recv() => panic!("unexpected parked message: {m:?}"),
             _ = tokio::time::sleep(quiet) => {}
         }
     }

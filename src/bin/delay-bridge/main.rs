@@ -17,6 +17,7 @@ use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
 
 mod demo;
 mod health;
+mod parked_cmd;
 mod schedule_cmd;
 mod status_cmd;
 
@@ -80,6 +81,10 @@ enum Command {
     /// `[management]`), the work queue's consumers, the parked messages by reason and the
     /// cancel stream's entries; a table, or JSON.
     Status(status_cmd::StatusArgs),
+    /// The parked messages: list, replay (back through the bridge) or purge those a filter
+    /// selects.
+    #[command(subcommand)]
+    Parked(parked_cmd::ParkedCommand),
     /// Ask a running bridge's listener (`metrics.listen`) whether it is alive (`/healthz`),
     /// or with `--ready` whether it is ready (`/readyz`); exits 0 if so, 1 if not. For
     /// container health checks: the image needs no HTTP client.
@@ -204,6 +209,9 @@ fn main() -> Result<()> {
         }
         (Command::Reschedule { message_id, args }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::reschedule(&config, message_id, args))
+        }
+        (Command::Parked(command), Some(config)) => {
+            runtime()?.block_on(parked_cmd::run(&config, command))
         }
         (Command::Status(args), Some(config)) => {
             runtime()?.block_on(status_cmd::status(&config, args))

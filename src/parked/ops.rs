@@ -1,0 +1,256 @@
+//! Reading the parked queue, and listing, replaying or purging what a filter selects.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Channel, Connection};
+use serde::Serialize;
+
+use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
+use crate::amqp::publisher::Publisher;
+use crate::amqp::{Published, queue_counts};
+use crate::clock::now_ms;
+use crate::naming::Names;
+
+/// How long a read waits for the next message the queue counted before it gives up on it
+/// (another consumer may have taken it).
+const NEXT_WITHIN: Duration = Duration::from_secs(5);
+
+/// What to do with the selected messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Describe them; they stay parked.
+    List,
+    /// Publish each back through the work exchange and, once the broker confirmed that
+    /// copy, remove it from the parked queue.
+    Replay,
+    /// Remove them.
+    Purge,
+}
+
+/// What became of one selected message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// The message.
+    #[serde(flatten)]
+    pub message: ParkedMessage,
+    /// True when it was replayed or purged (never on a dry run or a list).
+    pub done: bool,
+    /// Why it was not, when it was to be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What an operation did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The operation.
+    pub action: Action,
+    /// True when nothing was changed on purpose.
+    pub dry_run: bool,
+    /// Messages in the parked queue when the operation began.
+    pub held: u64,
+    /// Messages read to select from.
+    pub scanned: u64,
+    /// The selected messages, in queue order, with what became of each.
+    pub selected: Vec<Outcome>,
+}
+
+impl Report {
+    /// How many selected messages were replayed or purged.
+    pub fn done(&self) -> usize {
+        self.selected.iter().filter(|o| o.done).count()
+    }
+}
+
+/// The first `limit` messages of the parked queue `queue` (at most [`MOST_AT_ONCE`]), and
+/// how many it held in all when the read began. Nothing is removed.
+pub async fn peek(
+    connection: &Connection,
+    queue: &str,
+    limit: u16,
+) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
+    let fail = |source| ParkedError::Read {
+        queue: queue.to_string(),
+        source,
+    };
+    let channel = connection.create_channel().await.map_err(fail)?;
+    let result = async {
+        let held = queue_counts(&channel, queue).await?.messages;
+        let wanted = held.min(u64::from(limit)) as usize;
+        let mut read = Vec::with_capacity(wanted);
+        if wanted == 0 {
+            return Ok((read, held));
+        }
+        let mut deliveries = consume(&channel, queue, wanted).await?;
+        while read.len() < wanted {
+            match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
+                Ok(Some(delivery)) => {
+                    let delivery = delivery?;
+                    read.push(ParkedMessage::describe(
+                        delivery.routing_key.as_str(),
+                        &delivery.properties,
+                        delivery.data.len(),
+                    ));
+                }
+                // Another consumer took the rest, or the queue was deleted.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Ok((read, held))
+    }
+    .await;
+    // Closing the channel hands every message it read back to the queue.
+    let _ = channel.close(200, "read".into()).await;
+    result.map_err(fail)
+}
+
+/// Reads the parked queue of `names` (at most [`MOST_AT_ONCE`] messages), selects those
+/// `filter` matches, at most `limit` of them, and lists, replays or purges them; on a dry
+/// run it only says what it would do. Whatever it does not remove goes back to the queue,
+/// in its order, when its channel closes. A replayed message is removed only after the
+/// broker confirmed its copy in the work queue: a replay stopped at any point leaves each
+/// message parked, replayed, or (confirmed but not yet removed) both.
+pub async fn act(
+    connection: &Connection,
+    names: &Names,
+    action: Action,
+    filter: &Filter,
+    limit: usize,
+    dry_run: bool,
+    confirm_timeout: Duration,
+) -> Result<Report, ParkedError> {
+    let queue = names.parked_queue();
+    let fail = |source| ParkedError::Read {
+        queue: queue.clone(),
+        source,
+    };
+    let channel = connection.create_channel().await.map_err(fail)?;
+    let publisher = match (action, dry_run) {
+        (Action::Replay, false) => Some(
+            Publisher::open(connection, confirm_timeout)
+                .await
+                .map_err(fail)?,
+        ),
+        _ => None,
+    };
+    let mut report = Report {
+        action,
+        dry_run,
+        held: 0,
+        scanned: 0,
+        selected: Vec::new(),
+    };
+    let result = async {
+        report.held = queue_counts(&channel, &queue).await.map_err(fail)?.messages;
+        let scan = report.held.min(u64::from(MOST_AT_ONCE)) as usize;
+        if scan == 0 || limit == 0 {
+            return Ok(());
+        }
+        let mut deliveries = consume(&channel, &queue, scan).await.map_err(fail)?;
+        let work_exchange = ShortString::from(names.work_exchange());
+        while (report.scanned as usize) < scan && report.selected.len() < limit {
+            let delivery = match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
+                Ok(Some(delivery)) => delivery.map_err(fail)?,
+                Ok(None) | Err(_) => break,
+            };
+            report.scanned += 1;
+            let message = ParkedMessage::describe(
+                delivery.routing_key.as_str(),
+                &delivery.properties,
+                delivery.data.len(),
+            );
+            if !filter.matches(&message, now_ms()) {
+                continue;
+            }
+            let mut outcome = Outcome {
+                message,
+                done: false,
+                note: None,
+            };
+            match (action, &publisher) {
+                (Action::List, _) => {}
+                (Action::Purge, _) if dry_run => {}
+                (Action::Purge, _) => {
+                    delivery
+                        .acker
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .map_err(fail)?;
+                    outcome.done = true;
+                }
+                (Action::Replay, _) if !outcome.message.replayable => {
+                    outcome.note = Some(
+                        "not replayable: parked before a bridge read it (no due time and target); fix it and publish it again".into(),
+                    );
+                }
+                (Action::Replay, None) => {}
+                (Action::Replay, Some(publisher)) => {
+                    let published = publisher
+                        .publish(
+                            work_exchange.clone(),
+                            delivery.routing_key.clone(),
+                            &delivery.data,
+                            replay_properties(&delivery.properties),
+                        )
+                        .await?;
+                    match published {
+                        Published::Routed => {
+                            delivery
+                                .acker
+                                .ack(BasicAckOptions::default())
+                                .await
+                                .map_err(fail)?;
+                            outcome.done = true;
+                        }
+                        Published::Returned { code, text } => {
+                            outcome.note = Some(format!(
+                                "the work exchange routed it nowhere ({code} {text}): is a bridge's topology declared?"
+                            ));
+                        }
+                        Published::Nacked => {
+                            outcome.note = Some("the work queue refused it (nack)".into());
+                        }
+                    }
+                }
+            }
+            report.selected.push(outcome);
+        }
+        Ok::<(), ParkedError>(())
+    }
+    .await;
+    // Closing the channel hands every message not removed back to the queue.
+    let _ = channel.close(200, "done".into()).await;
+    if let Some(publisher) = publisher {
+        publisher.close("done").await;
+    }
+    result?;
+    Ok(report)
+}
+
+/// Consumes `queue` on `channel` with a prefetch of `wanted` (nothing is delivered for 0).
+async fn consume(
+    channel: &Channel,
+    queue: &str,
+    wanted: usize,
+) -> Result<lapin::Consumer, lapin::Error> {
+    channel
+        .basic_qos(
+            u16::try_from(wanted.max(1)).unwrap_or(MOST_AT_ONCE),
+            BasicQosOptions::default(),
+        )
+        .await?;
+    channel
+        .basic_consume(
+            queue.into(),
+            format!("delay-bridge-parked-{}", std::process::id())
+                .as_str()
+                .into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}

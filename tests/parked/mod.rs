@@ -1,0 +1,257 @@
+//! `delay-bridge parked list|replay|purge`: filters select, a dry run changes nothing,
+//! replay sends messages back through the bridge to their target, purge needs a filter,
+//! and a replay killed midway loses nothing.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use delay_bridge::sandbox::process::ConfigFile;
+use lapin::BasicProperties;
+use lapin::options::QueueBindOptions;
+use lapin::types::FieldTable;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// `delay-bridge parked <args>` on `config`: its exit success and stdout.
+async fn parked(config: &ConfigFile, args: &[&str]) -> (bool, String) {
+    let output = config
+        .command(bridge_exe())
+        .arg("parked")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("delay-bridge parked runs");
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    eprintln!(
+        "parked {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), stdout)
+}
+
+/// `parked <args> --json`, parsed.
+async fn parked_json(config: &ConfigFile, args: &[&str]) -> (bool, serde_json::Value) {
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let (ok, stdout) = parked(config, &with_json).await;
+    (ok, serde_json::from_str(&stdout).unwrap_or_default())
+}
+
+/// A received message's id.
+fn id(message: &Received) -> String {
+    message
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.to_string())
+        .unwrap_or_default()
+}
+
+fn selected(report: &serde_json::Value) -> usize {
+    report["selected"].as_array().map_or(0, Vec::len)
+}
+
+fn done(report: &serde_json::Value) -> usize {
+    report["selected"]
+        .as_array()
+        .map_or(0, |s| s.iter().filter(|o| o["done"] == true).count())
+}
+
+async fn wait_for_depth(w: &World, queue: &str, depth: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = w.queue_depth(queue).await;
+        if now == depth {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue} held {now}, not {depth}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Makes routing keys `nobody.#` reach the world's target queue.
+async fn route_nobody_to_the_target(w: &World) {
+    let ch = w.conn.create_channel().await.unwrap();
+    ch.queue_bind(
+        w.target_queue.as_str().into(),
+        w.target.as_str().into(),
+        "nobody.#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn list_replay_and_purge_take_what_the_filter_selects() {
+    let missing = format!("test-parked-missing-{:08x}", rand::random::<u32>());
+    let mut w = World::start(Setup {
+        watch_parked: false,
+        extra_routes: vec![(format!("{missing}.in"), missing.clone())],
+        ..Setup::new("parked")
+    })
+    .await;
+    let parked_queue = w.config.names.parked_queue();
+    for i in 0..3 {
+        publish_to(
+            &w.publisher,
+            &format!("{missing}.in"),
+            &format!("rk.missing.{i}"),
+            b"missing",
+            with_delay(0),
+        )
+        .await;
+    }
+    for i in 0..2 {
+        let props = with_delay(0).with_message_id(format!("unroutable-{i}").into());
+        w.publish(&format!("nobody.{i}"), b"unroutable", props)
+            .await;
+    }
+    let bad = BasicProperties::default().with_headers(headers(vec![("x-delay", text("soon"))]));
+    w.publish("rk.bad", b"bad", bad).await;
+    wait_for_depth(&w, &parked_queue, 6, 30 * SEC).await;
+    let config = w.config_file(4000);
+
+    let (ok, list) = parked_json(&config, &["list", "--reason", "target-missing"]).await;
+    assert!(ok);
+    assert_eq!((selected(&list), done(&list)), (3, 0), "{list:#}");
+    assert_eq!(list["selected"][0]["target"], missing.as_str());
+    assert!(
+        list["selected"][0]["parked_at"].as_u64().is_some(),
+        "{list:#}"
+    );
+    let (ok, table) = parked(&config, &["list", "--message-id", "unroutable-1"]).await;
+    assert!(
+        ok && table.contains("unroutable-1") && table.contains("1 selected of 6 read"),
+        "{table}"
+    );
+
+    // A dry run changes nothing; then the real replay, once the target routes them.
+    let (ok, dry) = parked_json(&config, &["replay", "--reason", "unroutable", "--dry-run"]).await;
+    assert!(ok);
+    assert_eq!((selected(&dry), done(&dry)), (2, 0), "{dry:#}");
+    wait_for_depth(&w, &parked_queue, 6, 5 * SEC).await;
+    route_nobody_to_the_target(&w).await;
+    let (ok, replay) = parked_json(&config, &["replay", "--reason", "unroutable"]).await;
+    assert!(ok);
+    assert_eq!(done(&replay), 2, "{replay:#}");
+    let back = w.recv_n(2, 10 * SEC).await;
+    let mut keys: Vec<&str> = back.iter().map(|m| m.routing_key.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["nobody.0", "nobody.1"],
+        "delivered with their own routing keys"
+    );
+    assert!(
+        back.iter()
+            .all(|m| m.header("delay-bridge-reason").is_none()),
+        "no parking headers on delivery"
+    );
+    wait_for_depth(&w, &parked_queue, 4, 5 * SEC).await;
+
+    // A message parked before a bridge read it cannot be replayed: it stays, and says why.
+    let (ok, refused) = parked_json(&config, &["replay", "--reason", "bad-delay"]).await;
+    assert!(
+        !ok,
+        "a selected message that stayed parked fails the command"
+    );
+    assert!(
+        refused["selected"][0]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("not replayable"))
+    );
+    wait_for_depth(&w, &parked_queue, 4, 5 * SEC).await;
+
+    // Purge needs a filter; with one it removes what it selects, up to the limit.
+    let (ok, _) = parked(&config, &["purge"]).await;
+    assert!(!ok, "purge without a filter is refused");
+    let (ok, purge) = parked_json(
+        &config,
+        &["purge", "--reason", "target-missing", "--limit", "2"],
+    )
+    .await;
+    assert!(ok);
+    assert_eq!(done(&purge), 2, "{purge:#}");
+    wait_for_depth(&w, &parked_queue, 2, 5 * SEC).await;
+    w.assert_quiet(Duration::from_millis(300)).await;
+    w.cleanup().await;
+}
+
+/// 2 000 parked messages; a replay SIGKILLed once 500 of them arrived. Every message
+/// is then delivered or still parked (some may be both: confirmed, not yet removed), and a
+/// second replay delivers the rest.
+#[tokio::test]
+async fn a_replay_killed_midway_loses_nothing() {
+    const N: usize = 2000;
+    let mut w = World::start(Setup {
+        watch_parked: false,
+        ..Setup::new("parked-kill")
+    })
+    .await;
+    let parked_queue = w.config.names.parked_queue();
+    for i in 0..N {
+        let props = with_delay(0).with_message_id(format!("m-{i}").into());
+        w.publish(&format!("nobody.{i}"), b"x", props).await;
+    }
+    wait_for_depth(&w, &parked_queue, N as u64, 60 * SEC).await;
+    route_nobody_to_the_target(&w).await;
+    let config = w.config_file(4000);
+    let limit = N.to_string();
+    let mut replay = config.command(bridge_exe());
+    replay
+        .args(["parked", "replay", "--limit", &limit])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = replay.spawn().expect("the replay starts");
+    let first = w.recv_n(N / 4, 30 * SEC).await;
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.unwrap();
+    let mut delivered: HashSet<String> = first.iter().map(id).collect();
+    let mut copies = first.len();
+    for m in w.drain_quiet(Duration::from_millis(500)).await {
+        delivered.insert(id(&m));
+        copies += 1;
+    }
+    let still_parked = w.queue_depth(&parked_queue).await as usize;
+    let (left, _) = delay_bridge::parked::peek(&w.conn, &parked_queue, u16::MAX)
+        .await
+        .unwrap();
+    let parked_ids: HashSet<String> = left.into_iter().filter_map(|m| m.message_id).collect();
+    let missing = (0..N)
+        .map(|i| format!("m-{i}"))
+        .filter(|id| !delivered.contains(id) && !parked_ids.contains(id))
+        .count();
+    println!(
+        "replay killed after {} arrivals: {} delivered ({copies} copies), {still_parked} still parked, {missing} missing",
+        N / 4,
+        delivered.len()
+    );
+    assert!(
+        still_parked > 0,
+        "the kill came after the replay had finished: nothing tested"
+    );
+    assert_eq!(missing, 0);
+
+    let (ok, _) = parked(&config, &["replay", "--limit", &limit]).await;
+    assert!(ok);
+    for m in w.drain_quiet(Duration::from_secs(2)).await {
+        delivered.insert(id(&m));
+    }
+    assert_eq!(
+        delivered.len(),
+        N,
+        "every message delivered after the second replay"
+    );
+    assert_eq!(w.queue_depth(&parked_queue).await, 0);
+    w.cleanup().await;
+}
