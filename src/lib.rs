@@ -29,7 +29,8 @@
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
 //!   expired messages that its dead-letter worker has not forwarded, bytes).
-//! - [`parked`]: the parked queue, read without taking anything out of it.
+//! - [`parked`]: the parked queue: its messages described, selected, listed, replayed
+//!   through the work exchange or purged.
 //! - [`status`]: what the topology holds now, queue by queue.
 //!
 //! The service and its client:
