@@ -175,11 +175,7 @@ pub async fn act(
                 (Action::List, _) => {}
                 (Action::Purge, _) if dry_run => {}
                 (Action::Purge, _) => {
-                    delivery
-                        .acker
-                        .ack(BasicAckOptions::default())
-                        .await
-                        .map_err(fail)?;
+                    remove(&delivery).await.map_err(fail)?;
                     outcome.done = true;
                 }
                 (Action::Replay, _) if !outcome.message.replayable => {
@@ -199,11 +195,7 @@ pub async fn act(
                         .await?;
                     match published {
                         Published::Routed => {
-                            delivery
-                                .acker
-                                .ack(BasicAckOptions::default())
-                                .await
-                                .map_err(fail)?;
+                            remove(&delivery).await.map_err(fail)?;
                             outcome.done = true;
                         }
                         Published::Returned { code, text } => {
@@ -229,6 +221,15 @@ pub async fn act(
     }
     result?;
     Ok(report)
+}
+
+/// Removes a read message from the parked queue (acknowledges it).
+async fn remove(delivery: &lapin::message::Delivery) -> Result<(), lapin::Error> {
+    delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .map(|_| ())
 }
 
 /// Consumes `queue` on `channel` with a prefetch of `wanted` (nothing is delivered for 0).

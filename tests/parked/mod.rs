@@ -17,21 +17,9 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// `delay-bridge parked <args>` on `config`: its exit success and stdout.
 async fn parked(config: &ConfigFile, args: &[&str]) -> (bool, String) {
-    let output = config
-        .command(bridge_exe())
-        .arg("parked")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("delay-bridge parked runs");
-    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
-    eprintln!(
-        "parked {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), stdout)
+    let mut command = vec!["parked"];
+    command.extend_from_slice(args);
+    run_command(config, &command).await
 }
 
 /// `parked <args> --json`, parsed.

@@ -1,7 +1,6 @@
 //! `delay-bridge status` shows what the topology holds: messages per level, the work
 //! queue's consumers, parked messages by reason (left parked), the cancel stream.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use delay_bridge::sandbox::process::ConfigFile;
@@ -13,21 +12,11 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// The output of `delay-bridge status` with `args` on `config`.
 async fn status(config: &ConfigFile, args: &[&str]) -> String {
-    let output = config
-        .command(bridge_exe())
-        .arg("status")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("delay-bridge status runs");
-    assert!(
-        output.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8")
+    let mut command = vec!["status"];
+    command.extend_from_slice(args);
+    let (ok, stdout) = run_command(config, &command).await;
+    assert!(ok, "status failed");
+    stdout
 }
 
 /// `status --json`, read until `ready` holds for it or the deadline passes.

@@ -477,6 +477,25 @@ pub fn bridge_exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_delay-bridge"))
 }
 
+/// Runs `delay-bridge <args>` to its end on `config` (the broker URL in its environment):
+/// whether it succeeded, and its stdout. Its stderr goes to the test's output.
+pub async fn run_command(config: &ConfigFile, args: &[&str]) -> (bool, String) {
+    let output = config
+        .command(bridge_exe())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .expect("delay-bridge runs");
+    eprint!(
+        "delay-bridge {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 output");
+    (output.status.success(), stdout)
+}
+
 /// Starts `delay-bridge run` on `config`, warnings only, to the test's stderr.
 pub fn spawn_process(config: &ConfigFile) -> BridgeProcess {
     BridgeProcess::spawn(bridge_exe(), config, &ProcessLog::warnings()).expect("spawn delay-bridge")

@@ -28,6 +28,20 @@ fn config_with(w: &World, ladder: &str, grace: Duration) -> Config {
     raw.validate().expect("valid config")
 }
 
+/// Declares a durable queue with `args`, as an older bridge would have.
+async fn declare_durable(ch: &lapin::Channel, name: &str, args: FieldTable) {
+    ch.queue_declare(
+        name.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+}
+
 /// Runs a bridge in process until the returned token is cancelled; waits until it is ready.
 async fn run_bridge(config: Config) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let bridge = Bridge::new(config);
@@ -58,16 +72,7 @@ async fn queues_that_differ_only_in_storage_or_retention_are_used_as_they_are() 
         text(&config.names.work_exchange()),
     );
     let ch = w.conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        old_level.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
+    declare_durable(&ch, &old_level, args).await;
     w.adopt_queue(&old_level);
     let (token, handle) = run_bridge(config).await;
     let mut w = w;
@@ -149,16 +154,7 @@ async fn a_quorum_parked_queue_without_a_delivery_limit_is_used_as_it_is() {
         .unwrap();
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), text("quorum"));
-    ch.queue_declare(
-        parked.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
+    declare_durable(&ch, &parked, args).await;
     ch.queue_bind(
         parked.as_str().into(),
         w.config.names.parked_exchange().as_str().into(),
