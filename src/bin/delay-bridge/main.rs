@@ -224,7 +224,7 @@ fn main() -> Result<()> {
             print!("{config}");
             Ok(())
         }
-        (_, None) => unreachable!("every other command loaded the configuration"),
+        (_, None) => bail!("the configuration was not loaded for this command"),
     }
 }
 
