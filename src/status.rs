@@ -1,22 +1,30 @@
 //! What a bridge's topology holds now, for `delay-bridge status`: each queue's messages (a
 //! passive declare; bytes too when the management API is configured), the work queue's
-//! consumers, the parked messages by reason, and the cancel stream's entries.
+//! consumers, the parked messages by reason, and the cancel stream's entries by kind.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
 use lapin::Connection;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use thiserror::Error;
 
 use crate::amqp::{QueueCounts, queue_counts};
+use crate::cancel::{StreamEntry, read_entry};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
 use crate::management::{Management, ManagementError, QueueFigures};
 use crate::parked::{self, ParkedError};
 use crate::topology::Topology;
+
+/// Prefetch of the cancel-stream read (a stream consumer needs one).
+const STREAM_PREFETCH: u16 = 1000;
+
+/// The cancel-stream read ends when no entry has come for this long.
+pub const STREAM_QUIET: Duration = Duration::from_secs(1);
 
 /// How long one management API request may take.
 const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -102,7 +110,27 @@ pub struct Status {
     /// The cancel stream: its entries (tombstones, and the catch-up markers bridges append
     /// when they start).
     pub cancel_stream: QueueStatus,
+    /// What the cancel stream's entries are.
+    pub cancel_entries: StreamEntries,
 }
+
+/// The cancel stream's entries by kind, read from its start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StreamEntries {
+    /// Cancels (tombstones) the stream still holds; the bridges forget each one after
+    /// `max_delay + cancel.grace`, or `cancel.grace` after the due time it names.
+    pub tombstones: u64,
+    /// Catch-up markers, one per bridge start.
+    pub markers: u64,
+    /// Entries that are neither (skipped by the bridges).
+    pub invalid: u64,
+    /// True when the read ended because no entry came for [`STREAM_QUIET`]; false when it
+    /// stopped at [`STREAM_READ_MOST`] entries.
+    pub complete: bool,
+}
+
+/// The most cancel-stream entries `status` reads.
+pub const STREAM_READ_MOST: u64 = 100_000;
 
 /// Reads the status of `config`'s topology on `connection`, reading at most
 /// `parked_limit` parked messages for their reasons.
@@ -152,6 +180,7 @@ pub async fn read(
     let parked_queue = count(names.parked_queue()).await?;
     let cancel_stream = count(names.cancel_stream()).await?;
     let _ = channel.close(200, "counted".into()).await;
+    let cancel_entries = read_stream(connection, &cancel_stream.name).await?;
     let not_read = unsafe_to_read(config, connection).await;
     let read = match not_read {
         None => {
@@ -179,7 +208,69 @@ pub async fn read(
             not_read,
         },
         cancel_stream,
+        cancel_entries,
     })
+}
+
+/// Reads the cancel stream from its first entry until none has come for
+/// [`STREAM_QUIET`] (a stream has no end-of-stream signal over AMQP 0-9-1, and `status`
+/// writes nothing to find its end), at most [`STREAM_READ_MOST`] entries, and sorts them by
+/// kind. Reading a stream takes nothing from it.
+async fn read_stream(connection: &Connection, stream: &str) -> Result<StreamEntries, StatusError> {
+    let fail = |source| StatusError::Count {
+        queue: stream.to_string(),
+        source,
+    };
+    let channel = connection.create_channel().await.map_err(fail)?;
+    let result = async {
+        channel
+            .basic_qos(STREAM_PREFETCH, BasicQosOptions::default())
+            .await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-stream-offset".into(),
+            AMQPValue::LongString("first".into()),
+        );
+        let mut consumer = channel
+            .basic_consume(
+                stream.into(),
+                "delay-bridge-status".into(),
+                BasicConsumeOptions::default(),
+                arguments,
+            )
+            .await?;
+        let mut entries = StreamEntries::default();
+        let mut read = 0u64;
+        loop {
+            if read == STREAM_READ_MOST {
+                return Ok(entries);
+            }
+            let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await else {
+                entries.complete = true;
+                return Ok(entries);
+            };
+            let Some(delivery) = next else {
+                return Ok(entries);
+            };
+            let delivery = delivery?;
+            read += 1;
+            match read_entry(&delivery.properties) {
+                StreamEntry::Cancel(_) => entries.tombstones += 1,
+                StreamEntry::Sync(_) => entries.markers += 1,
+                StreamEntry::Invalid(_) => entries.invalid += 1,
+            }
+            // A stream consumer's acks only return credit.
+            if read.is_multiple_of(u64::from(STREAM_PREFETCH)) {
+                delivery
+                    .acker
+                    .ack(BasicAckOptions { multiple: true })
+                    .await?;
+            }
+        }
+    }
+    .await;
+    let _ = channel.close(200, "read".into()).await;
+    result.map_err(fail)
 }
 
 /// Why reading the parked queue (which hands every message back) could lose messages: a

@@ -55,6 +55,10 @@ async fn status_shows_levels_consumers_and_parked_reasons_and_leaves_them_parked
     }
     let bad = BasicProperties::default().with_headers(headers(vec![("x-delay", text("soon"))]));
     w.publish("rk.status.bad", b"bad", bad).await;
+    let client = w.client().await;
+    for id in ["cancelled-1", "cancelled-2"] {
+        client.cancel(id).await.expect("cancelled");
+    }
     let config = w.config_file(4000);
 
     let level = |json: &serde_json::Value, level: &str| {
@@ -77,6 +81,10 @@ async fn status_shows_levels_consumers_and_parked_reasons_and_leaves_them_parked
         w.config.names.cancel_stream(),
         "{json:#}"
     );
+    // Two cancels, and the marker the bridge appended when it started.
+    assert_eq!(json["cancel_entries"]["tombstones"], 2, "{json:#}");
+    assert_eq!(json["cancel_entries"]["markers"], 1, "{json:#}");
+    assert_eq!(json["cancel_entries"]["complete"], true, "{json:#}");
 
     // Reading them left them parked; the table says the same.
     let table = status(&config, &[]).await;
@@ -87,6 +95,10 @@ async fn status_shows_levels_consumers_and_parked_reasons_and_leaves_them_parked
     );
     assert!(table.contains("unroutable"), "{table}");
     assert!(table.contains("(3 of 3 read; they stay parked)"), "{table}");
+    assert!(
+        table.contains("cancel stream: 2 tombstones, 1 catch-up markers"),
+        "{table}"
+    );
     assert_eq!(w.queue_depth(&w.config.names.parked_queue()).await, 3);
     w.cleanup().await;
 }

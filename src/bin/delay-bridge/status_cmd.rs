@@ -72,6 +72,22 @@ fn table(status: &Status, all_levels: bool) -> String {
         status.levels.len(),
         if all_levels { "" } else { ", not shown" }
     ));
+    let entries = &status.cancel_entries;
+    out.push_str(&format!(
+        "cancel stream: {} tombstones, {} catch-up markers{}{}\n",
+        entries.tombstones,
+        entries.markers,
+        if entries.invalid > 0 {
+            format!(", {} invalid entries", entries.invalid)
+        } else {
+            String::new()
+        },
+        if entries.complete {
+            ""
+        } else {
+            " (not every entry read)"
+        }
+    ));
     let parked = &status.parked;
     if let Some(why) = &parked.not_read {
         out.push_str(&format!("parked by reason: {why}\n"));
