@@ -12,6 +12,10 @@
 #   bash scripts/cluster.sh management-urls  # the management API of every node, one a line
 #   bash scripts/cluster.sh start-solo    # node 4: a single broker of its own, never clustered
 #                                         # (for broker-crash faults; kill 4 / restart 4 / stop)
+#   bash scripts/cluster.sh start-tls DIR # node 5: a single broker with an AMQPS listener on
+#                                         # 127.0.0.1:5695 that requires a client certificate,
+#                                         # from DIR/ca.pem, DIR/server.pem, DIR/server.key
+#                                         # (restarted when it runs: new certificates apply)
 #
 # Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, management API 127.0.0.1:1568N,
 # Erlang distribution 2568N, data, logs,
@@ -23,6 +27,7 @@
 set -euo pipefail
 
 dir=${CLUSTER_DIR:-/var/lib/delay-bridge/cluster}
+tls_dir=
 wait_s=${CLUSTER_WAIT_SECONDS:-90}
 bin=/usr/lib/rabbitmq/bin
 nodes=(1 2 3)
@@ -75,6 +80,10 @@ prepare() {
   : > "$base/rabbitmq-env.conf"
   printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\nmanagement.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %s\n' \
     "$(amqp_port "$n")" "$(management_port "$n")" > "$base/rabbitmq.conf"
+  if [ "$n" = 5 ]; then
+    printf 'listeners.ssl.default = 127.0.0.1:5695\nssl_options.cacertfile = %s/ca.pem\nssl_options.certfile = %s/server.pem\nssl_options.keyfile = %s/server.key\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n' \
+      "$tls_dir" "$tls_dir" "$tls_dir" >> "$base/rabbitmq.conf"
+  fi
   echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 2000}]}].' > "$base/advanced.config"
   echo '[rabbitmq_management].' > "$base/enabled_plugins"
 }
@@ -136,9 +145,23 @@ case "${1:-}" in
     await_node 4
     say "single node 4 up in $((SECONDS - started)) s: amqp://guest:guest@127.0.0.1:$(amqp_port 4)/%2f"
     ;;
+  start-tls)
+    tls_dir=$(cd "${2:?usage: cluster.sh start-tls DIR}" && pwd)
+    for f in ca.pem server.pem server.key; do
+      [ -r "$tls_dir/$f" ] || die "no $tls_dir/$f"
+    done
+    started=$SECONDS
+    mkdir -p "$dir"
+    if running 5; then
+      ctl 5 -q stop >/dev/null 2>&1 || true
+    fi
+    launch_node 5
+    await_node 5
+    say "TLS node 5 up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:5695/%2f (client certificate required)"
+    ;;
   stop)
-    for n in "${nodes[@]}" 4; do
-      [ "$n" = 4 ] && [ ! -d "$dir/node4" ] && continue
+    for n in "${nodes[@]}" 4 5; do
+      [ "$n" -ge 4 ] && [ ! -d "$dir/node$n" ] && continue
       if running "$n"; then
         ctl "$n" -q stop >/dev/null 2>&1 || true
         say "node $n stopped"
@@ -190,7 +213,7 @@ case "${1:-}" in
     for n in "${nodes[@]}"; do echo "http://127.0.0.1:$(management_port "$n")"; done
     ;;
   *)
-    sed -n '2,26p' "$0"
+    sed -n '2,30p' "$0"
     exit 2
     ;;
 esac

@@ -231,22 +231,33 @@ pub struct Client {
 impl Client {
     /// Connects to `url` for the bridge whose topology prefix is `prefix`.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ClientError> {
-        let url = BrokerUrl::parse(url)?;
-        let connection = Arc::new(amqp::connect(&url, "delay-bridge client").await?);
-        Ok(Self {
-            channels: TargetChannels::new(connection.clone(), CONFIRM_TIMEOUT),
-            connection,
-            names: Names::new(prefix),
-        })
+        Self::connect_to(&[BrokerUrl::parse(url)?], prefix).await
     }
 
     /// Connects to the first of `urls` that answers (the nodes of a cluster, in order).
     pub async fn connect_any(urls: &[&str], prefix: &str) -> Result<Self, ClientError> {
+        let urls = urls
+            .iter()
+            .map(|url| BrokerUrl::parse(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::connect_to(&urls, prefix).await
+    }
+
+    /// Connects to the first of `urls` that answers, with their TLS files (a
+    /// configuration's `urls`).
+    pub async fn connect_to(urls: &[BrokerUrl], prefix: &str) -> Result<Self, ClientError> {
         let mut last = None;
         for url in urls {
-            match Self::connect(url, prefix).await {
-                Ok(client) => return Ok(client),
-                Err(e) => last = Some(e),
+            match amqp::connect(url, "delay-bridge client").await {
+                Ok(connection) => {
+                    let connection = Arc::new(connection);
+                    return Ok(Self {
+                        channels: TargetChannels::new(connection.clone(), CONFIRM_TIMEOUT),
+                        connection,
+                        names: Names::new(prefix),
+                    });
+                }
+                Err(e) => last = Some(ClientError::from(e)),
             }
         }
         Err(last.unwrap_or_else(|| {

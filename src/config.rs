@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -115,6 +115,8 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default, skip_serializing_if = "RawTls::is_unset")]
+    pub tls: RawTls,
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
 }
@@ -246,6 +248,56 @@ pub struct RawCancel {
     pub grace: Option<Duration>,
 }
 
+/// `[tls]`
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl RawTls {
+    /// True when the section sets nothing.
+    fn is_unset(&self) -> bool {
+        self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none()
+    }
+
+    /// `None` when unset. A certificate needs its key and the other way round, and TLS
+    /// files need `amqps://` URLs (a plain connection would ignore them).
+    fn validate(self, urls: &[BrokerUrl]) -> Result<Option<TlsFiles>, ConfigError> {
+        if self.is_unset() {
+            return Ok(None);
+        }
+        let client = match (self.cert_file, self.key_file) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "tls",
+                    "cert_file or key_file",
+                    "a client certificate needs both `cert_file` and `key_file`",
+                ));
+            }
+        };
+        if let Some(plain) = urls.iter().find(|u| !u.expose().starts_with("amqps://")) {
+            return Err(invalid(
+                "tls",
+                plain,
+                "[tls] applies to amqps:// URLs; this broker URL is not one",
+            ));
+        }
+        Ok(Some(TlsFiles {
+            ca_file: self.ca_file,
+            client,
+        }))
+    }
+}
+
 /// `[log]`
 #[allow(missing_docs)]
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -325,11 +377,36 @@ impl fmt::Display for QueueType {
     }
 }
 
-/// An AMQP URL whose `Display` and `Debug` redact the password.
+/// An AMQP URL whose `Display` and `Debug` redact the password, with the TLS files an
+/// `amqps://` connection to it uses (`[tls]`).
 #[derive(Clone, PartialEq, Eq)]
-pub struct BrokerUrl(String);
+pub struct BrokerUrl {
+    text: String,
+    tls: Option<TlsFiles>,
+}
+
+/// The files of `[tls]`: the CA that signed the broker's certificate and this client's own
+/// certificate and key. Read at every connect, so renewed files apply at the next one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM CA certificates to trust (besides the system's), when set.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and its PEM (PKCS#8) key, for brokers that require one.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
 
 impl BrokerUrl {
+    /// This URL with `tls` for connecting.
+    pub fn with_tls(mut self, tls: Option<TlsFiles>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The TLS files to connect with, when `[tls]` is set.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
     /// Checks the scheme and wraps the URL.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let parsed = url::Url::parse(text)
@@ -341,17 +418,20 @@ impl BrokerUrl {
                 "the scheme must be amqp:// or amqps://",
             ));
         }
-        Ok(Self(text.to_string()))
+        Ok(Self {
+            text: text.to_string(),
+            tls: None,
+        })
     }
 
     /// The full URL, password included: only for connecting.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// The user name in the URL (RabbitMQ's default, `guest`, when absent).
     pub fn user(&self) -> String {
-        url::Url::parse(&self.0)
+        url::Url::parse(&self.text)
             .ok()
             .map(|u| u.username().to_string())
             .filter(|u| !u.is_empty())
@@ -369,7 +449,7 @@ impl BrokerUrl {
     /// User, password (RabbitMQ's defaults, `guest`, when absent) and virtual host (`/`
     /// when the URL names none), decoded.
     pub fn credentials_and_vhost(&self) -> (String, String, String) {
-        let parsed = url::Url::parse(&self.0).ok();
+        let parsed = url::Url::parse(&self.text).ok();
         let decode = |text: &str| {
             url::form_urlencoded::parse(format!("v={}", text.replace('+', "%2B")).as_bytes())
                 .next()
@@ -472,13 +552,13 @@ pub struct ManagementConfig {
 
 impl fmt::Display for BrokerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact_url(&self.0))
+        f.write_str(&redact_url(&self.text))
     }
 }
 
 impl fmt::Debug for BrokerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BrokerUrl({})", redact_url(&self.0))
+        write!(f, "BrokerUrl({})", redact_url(&self.text))
     }
 }
 
@@ -862,6 +942,8 @@ impl RawConfig {
         }
         let management = self.management.validate()?;
         let metrics = self.metrics.validate()?;
+        let tls = self.tls.validate(&urls)?;
+        let urls = urls.into_iter().map(|u| u.with_tls(tls.clone())).collect();
         let log_format = match &self.log.format {
             Some(text) => text.parse()?,
             None => LogFormat::default(),
@@ -1030,6 +1112,15 @@ impl Config {
             log: RawLog {
                 format: Some(self.log_format.to_string()),
             },
+            tls: self
+                .url()
+                .tls()
+                .map(|tls| RawTls {
+                    ca_file: tls.ca_file.clone(),
+                    cert_file: tls.client.as_ref().map(|(cert, _)| cert.clone()),
+                    key_file: tls.client.as_ref().map(|(_, key)| key.clone()),
+                })
+                .unwrap_or_default(),
             routes: self
                 .routes
                 .iter()

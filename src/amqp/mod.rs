@@ -5,13 +5,14 @@ mod depth;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod targets;
+mod tls;
 pub(crate) mod verdict;
 
 pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;
 
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 use thiserror::Error;
 
 use crate::config::BrokerUrl;
@@ -27,17 +28,28 @@ pub struct ConnectError {
     pub source: lapin::Error,
 }
 
-/// Opens a connection named `name` (shown in the management UI).
+/// Opens a connection named `name` (shown in the management UI), with the URL's TLS files
+/// when it has some (read now, so renewed files apply at the next connect).
 pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectError> {
-    Connection::connect(
-        url.expose(),
-        ConnectionProperties::default().with_connection_name(name.into()),
-    )
-    .await
-    .map_err(|source| ConnectError {
+    let fail = |source| ConnectError {
         url: url.to_string(),
         source,
-    })
+    };
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    match url.tls() {
+        None => Connection::connect(url.expose(), properties).await,
+        Some(files) => {
+            let tls = tls::read(files).map_err(|e| fail(lapin::Error::from(e)))?;
+            DefaultConnectionBuilder::new()
+                .map_err(fail)?
+                .with_uri_str(url.expose().to_string())
+                .with_properties(properties)
+                .with_tls_config(tls)
+                .connect()
+                .await
+        }
+    }
+    .map_err(fail)
 }
 
 /// Opens a channel in publisher-confirm mode.

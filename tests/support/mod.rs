@@ -173,6 +173,7 @@ pub fn raw_config(
         management: RawManagement::default(),
         metrics: RawMetrics::default(),
         log: RawLog::default(),
+        tls: Default::default(),
         routes: routes
             .iter()
             .map(|(ingress, target)| RawRoute {

@@ -93,8 +93,7 @@ impl ScheduleArgs {
 }
 
 async fn client(config: &Config) -> Result<Client> {
-    let urls: Vec<&str> = config.urls.iter().map(|u| u.expose()).collect();
-    Ok(Client::connect_any(&urls, config.names.prefix()).await?)
+    Ok(Client::connect_to(&config.urls, config.names.prefix()).await?)
 }
 
 fn describe(s: &Scheduled) -> String {

@@ -1,0 +1,292 @@
+//! `amqps://` with `[tls]`: a broker node the test starts (`scripts/cluster.sh start-tls`,
+//! the installed package) with an AMQPS listener that requires a client certificate, and
+//! certificates the test makes with `openssl`. A message goes through the bridge over TLS;
+//! a broker certificate from another CA, and a missing client certificate, fail to connect
+//! with an error that says so.
+//!
+//! Its own test binary: it starts a broker node of its own, whatever broker the suite
+//! targets.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use delay_bridge::amqp;
+use delay_bridge::config::{BrokerUrl, Config, RawBroker, RawConfig, RawRoute, RawTls};
+use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+const URL: &str = "amqps://guest:guest@localhost:5695/%2f";
+
+fn openssl(args: &[&str], dir: &Path) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// A CA (`<name>-ca.pem`, `<name>-ca.key`) in `dir`.
+fn make_ca(dir: &Path, name: &str) {
+    let (pem, key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-subj",
+            &format!("/CN={name} test CA"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        dir,
+    );
+}
+
+/// A certificate `<name>.pem` with key `<name>.key` (PKCS#8), signed by the CA `<ca>`.
+fn make_cert(dir: &Path, ca: &str, name: &str, extensions: &str) {
+    let ext = format!("{name}.ext");
+    std::fs::write(dir.join(&ext), extensions).unwrap();
+    openssl(
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+        dir,
+    );
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-ca.pem"),
+            "-CAkey",
+            &format!("{ca}-ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &format!("{name}.pem"),
+            "-extfile",
+            &ext,
+        ],
+        dir,
+    );
+}
+
+/// Certificates for the broker (`ca.pem`, `server.pem`, `server.key`, as
+/// `cluster.sh start-tls` reads them), the bridge's client certificate, and a second CA
+/// whose server certificate the bridge must refuse.
+fn certificates() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("delay-bridge-tls-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_ca(&dir, "test");
+    make_ca(&dir, "rogue");
+    make_cert(
+        &dir,
+        "test",
+        "server",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    );
+    make_cert(
+        &dir,
+        "test",
+        "client",
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    );
+    std::fs::copy(dir.join("test-ca.pem"), dir.join("ca.pem")).unwrap();
+    dir
+}
+
+fn cluster_sh(args: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+        .args(args)
+        .output()
+        .expect("cluster.sh runs")
+}
+
+/// The broker node with the AMQPS listener; stopped when dropped.
+struct TlsBroker;
+
+impl TlsBroker {
+    fn start(certificates: &Path) -> TlsBroker {
+        let out = cluster_sh(&["start-tls", certificates.to_str().unwrap()]);
+        assert!(out.status.success(), "the TLS broker starts: {out:?}");
+        TlsBroker
+    }
+}
+
+impl Drop for TlsBroker {
+    fn drop(&mut self) {
+        let _ = cluster_sh(&["ctl", "5", "stop"]);
+    }
+}
+
+fn config(tls: RawTls) -> Config {
+    RawConfig {
+        broker: RawBroker {
+            url: Some(URL.into()),
+            urls: None,
+        },
+        routes: vec![RawRoute {
+            ingress: Some("tls.in".into()),
+            target: Some("tls.out".into()),
+        }],
+        tls,
+        ..RawConfig::default()
+    }
+    .validate()
+    .expect("a valid config")
+}
+
+#[tokio::test]
+async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_the_wrong_ones() {
+    let dir = certificates();
+    let _broker = TlsBroker::start(&dir);
+    let good = RawTls {
+        ca_file: Some(dir.join("test-ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client.key")),
+    };
+
+    // A message through the bridge, every connection over TLS.
+    let mut base = config(good.clone());
+    base.ladder = delay_bridge::ladder::Ladder::parse("100ms 200ms").unwrap();
+    base.margin = Duration::from_millis(30);
+    let sandbox = Sandbox::start(&base, "test-tls", TargetBinding::Fanout)
+        .await
+        .expect("the sandbox and its bridge connect over TLS");
+    let mut arrivals = watch_queue(&sandbox.conn, &sandbox.target_queue)
+        .await
+        .unwrap();
+    let publisher = sandbox.conn.create_channel().await.unwrap();
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert("x-delay".into(), AMQPValue::LongLongInt(300));
+    publisher
+        .basic_publish(
+            sandbox.ingress.as_str().into(),
+            "rk.tls".into(),
+            BasicPublishOptions::default(),
+            b"over tls",
+            BasicProperties::default().with_headers(headers),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
+        .await
+        .expect("delivered within 10 s")
+        .unwrap();
+    assert_eq!(got.body, b"over tls");
+    sandbox.finish().await.unwrap();
+
+    // The broker's certificate from another CA: refused, and the error says why.
+    let rogue = config(RawTls {
+        ca_file: Some(dir.join("rogue-ca.pem")),
+        ..good.clone()
+    });
+    let error = amqp::connect(rogue.url(), "tls test")
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("a broker certificate from another CA: {error}");
+    assert!(error.contains("certificate"), "{error}");
+    assert!(!error.contains("guest:guest"), "no password in {error}");
+
+    // No client certificate where the broker requires one: refused.
+    let anonymous = config(RawTls {
+        ca_file: Some(dir.join("test-ca.pem")),
+        cert_file: None,
+        key_file: None,
+    });
+    let error = amqp::connect(anonymous.url(), "tls test")
+        .await
+        .expect_err("the broker requires a client certificate")
+        .to_string();
+    println!("no client certificate: {error}");
+    assert!(error.contains("ertificate"), "{error}");
+
+    // A missing file names itself.
+    let missing = config(RawTls {
+        ca_file: Some(dir.join("nowhere.pem")),
+        ..good
+    });
+    let error = amqp::connect(missing.url(), "tls test")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tls.ca_file") && error.contains("nowhere.pem"),
+        "{error}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tls_needs_amqps_urls_and_a_whole_client_identity() {
+    let raw = |url: &str, tls: RawTls| RawConfig {
+        broker: RawBroker {
+            url: Some(url.into()),
+            urls: None,
+        },
+        routes: vec![RawRoute {
+            ingress: Some("a".into()),
+            target: Some("b".into()),
+        }],
+        tls,
+        ..RawConfig::default()
+    };
+    let ca = RawTls {
+        ca_file: Some("ca.pem".into()),
+        ..RawTls::default()
+    };
+    let plain = raw("amqp://h", ca.clone())
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(plain.contains("amqps://"), "{plain}");
+    let half = raw(
+        URL,
+        RawTls {
+            cert_file: Some("c.pem".into()),
+            ..RawTls::default()
+        },
+    )
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(half.contains("key_file"), "{half}");
+    let config = raw(URL, ca).validate().unwrap();
+    assert!(config.url().tls().is_some());
+    assert!(config.to_string().contains("ca_file = \"ca.pem\""));
+    let _: &BrokerUrl = config.url();
+}
