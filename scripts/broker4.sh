@@ -5,6 +5,11 @@
 #   scripts/broker4.sh stop     stop it and unmount what start mounted
 #   scripts/broker4.sh status   say whether it answers
 #   scripts/broker4.sh ctl ...  run rabbitmqctl against it (for example: ctl list_queues)
+#   scripts/broker4.sh start-tls DIR   a second node, rabbit4tls@localhost, alone, with an
+#                               AMQPS listener on 127.0.0.1:5696 that requires a client
+#                               certificate, from DIR/ca.pem, DIR/server.pem, DIR/server.key
+#                               (copied into the chroot; restarted when it runs)
+#   scripts/broker4.sh stop-tls stop that node
 #
 # It is Debian trixie's rabbitmq-server (4.0.x, Erlang 27) in a debootstrap chroot, so the
 # host's packages are untouched. Node rabbit4@localhost, AMQP 127.0.0.1:${RMQ4_PORT:-5673},
@@ -157,10 +162,49 @@ stop() {
   say "RabbitMQ 4 stopped"
 }
 
+# The TLS node: its own name, ports, data, config and plugins inside the chroot.
+tls_node=rabbit4tls@localhost
+in_tls_root() {
+  in_root RABBITMQ_NODENAME="$tls_node" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT=5676 RABBITMQ_DIST_PORT=25676 \
+    RABBITMQ_MNESIA_BASE=/var/lib/rabbitmq/tls-node RABBITMQ_LOG_BASE=/var/log/rabbitmq/tls-node \
+    RABBITMQ_CONFIG_FILE=/etc/rabbitmq/tls-node/rabbitmq.conf \
+    RABBITMQ_ENABLED_PLUGINS_FILE=/etc/rabbitmq/tls-node/enabled_plugins \
+    RABBITMQ_CONF_ENV_FILE=/etc/rabbitmq/tls-node/rabbitmq-env.conf \
+    RABBITMQ_PID_FILE=/var/lib/rabbitmq/tls-node/pid "$@"
+}
+
+start_tls() {
+  local from=$1 conf=$root/etc/rabbitmq/tls-node started=$SECONDS
+  [ -x "$root/usr/sbin/rabbitmq-server" ] || install
+  mount_all
+  in_root rabbitmqctl -q -n "$tls_node" stop >/dev/null 2>&1 || true
+  mkdir -p "$conf" "$root/var/lib/rabbitmq/tls-node" "$root/var/log/rabbitmq/tls-node"
+  for f in ca.pem server.pem server.key; do cp "$from/$f" "$conf/$f"; done
+  chmod 644 "$conf"/*.pem "$conf/server.key"
+  : >"$conf/rabbitmq-env.conf"
+  echo '[].' >"$conf/enabled_plugins"
+  printf 'listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:5696\nssl_options.cacertfile = /etc/rabbitmq/tls-node/ca.pem\nssl_options.certfile = /etc/rabbitmq/tls-node/server.pem\nssl_options.keyfile = /etc/rabbitmq/tls-node/server.key\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n' >"$conf/rabbitmq.conf"
+  chown -R rabbitmq:rabbitmq "$root/var/lib/rabbitmq/tls-node" "$root/var/log/rabbitmq/tls-node" 2>/dev/null || true
+  in_tls_root rabbitmq-server -detached >/dev/null 2>&1 || true
+  until timeout "$deadline_s" chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      HOME=/root ERL_EPMD_PORT="$epmd_port" rabbitmqctl -q -n "$tls_node" await_startup >/dev/null 2>&1; do
+    if (( SECONDS - started >= deadline_s )); then
+      say "the TLS node did not start within ${deadline_s}s; its log:"
+      tail -n 30 "$root"/var/log/rabbitmq/tls-node/*.log 2>/dev/null || true
+      exit 1
+    fi
+    sleep 1
+  done
+  say "TLS node $tls_node up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:5696/%2f (client certificate required)"
+}
+
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
   status) if answers; then say "answers on 127.0.0.1:$port"; else say "not running"; exit 1; fi ;;
   ctl) shift; ctl "$@" ;;
-  *) echo "usage: $0 start|stop|status|ctl ARGS..." >&2; exit 2 ;;
+  start-tls) start_tls "$(cd "${2:?usage: broker4.sh start-tls DIR}" && pwd)" ;;
+  stop-tls) in_root rabbitmqctl -q -n "$tls_node" stop >/dev/null 2>&1 || true; say "TLS node stopped" ;;
+  *) echo "usage: $0 start|stop|status|ctl ARGS...|start-tls DIR|stop-tls" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@
 #                                         # 127.0.0.1:5695 that requires a client certificate,
 #                                         # from DIR/ca.pem, DIR/server.pem, DIR/server.key
 #                                         # (restarted when it runs: new certificates apply)
+#   bash scripts/cluster.sh stop-tls      # stop node 5
 #
 # Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, management API 127.0.0.1:1568N,
 # Erlang distribution 2568N, data, logs,
@@ -159,6 +160,10 @@ case "${1:-}" in
     await_node 5
     say "TLS node 5 up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:5695/%2f (client certificate required)"
     ;;
+  stop-tls)
+    ctl 5 -q stop >/dev/null 2>&1 || true
+    say "TLS node 5 stopped"
+    ;;
   stop)
     for n in "${nodes[@]}" 4 5; do
       [ "$n" -ge 4 ] && [ ! -d "$dir/node$n" ] && continue
@@ -213,7 +218,7 @@ case "${1:-}" in
     for n in "${nodes[@]}"; do echo "http://127.0.0.1:$(management_port "$n")"; done
     ;;
   *)
-    sed -n '2,30p' "$0"
+    sed -n '2,31p' "$0"
     exit 2
     ;;
 esac

@@ -47,14 +47,15 @@ summary+=("RabbitMQ $version3 on 5672 (unit, doc and integration tests): $p3 pas
 p4=0 f4=0
 if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
   version4=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo "4.x")
-  echo "== cargo test --lib --test integration --test alarm --test size_limit against RabbitMQ $version4 (127.0.0.1:5673)"
+  echo "== cargo test --lib --test integration --test alarm --test size_limit --test tls against RabbitMQ $version4 (127.0.0.1:5673; TLS node 5696)"
   log4=target/test-output-rabbitmq4.log
   start=$SECONDS
   set +e
   DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:5673/%2f" \
     DELAY_BRIDGE_TEST_CTL="bash scripts/broker4.sh ctl" \
     DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:15673" \
-    cargo test --features bench --lib --test integration --test alarm --test size_limit 2>&1 | tee "$log4"
+    DELAY_BRIDGE_TEST_TLS_BROKER="scripts/broker4.sh" DELAY_BRIDGE_TEST_TLS_PORT=5696 \
+    cargo test --features bench --lib --test integration --test alarm --test size_limit --test tls 2>&1 | tee "$log4"
   rc=${PIPESTATUS[0]}
   set -e
   [ "$rc" -eq 0 ] || status=1

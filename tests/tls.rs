@@ -1,6 +1,8 @@
-//! `amqps://` with `[tls]`: a broker node the test starts (`scripts/cluster.sh start-tls`,
-//! the installed package) with an AMQPS listener that requires a client certificate, and
-//! certificates the test makes with `openssl`. A message goes through the bridge over TLS;
+//! `amqps://` with `[tls]`: a broker node the test starts with an AMQPS listener that
+//! requires a client certificate, and certificates the test makes with `openssl`. The node
+//! comes from `DELAY_BRIDGE_TEST_TLS_BROKER start-tls DIR` (default `scripts/cluster.sh`:
+//! the installed 3.x package, port 5695; `scripts/test.sh` also runs it with
+//! `scripts/broker4.sh`, 4.x, port 5696) and listens on `DELAY_BRIDGE_TEST_TLS_PORT`. A message goes through the bridge over TLS;
 //! a broker certificate from another CA, and a missing client certificate, fail to connect
 //! with an error that says so.
 //!
@@ -18,7 +20,11 @@ use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-const URL: &str = "amqps://guest:guest@localhost:5695/%2f";
+/// The TLS node's URL: `localhost`, a name the server certificate carries.
+fn url() -> String {
+    let port = std::env::var("DELAY_BRIDGE_TEST_TLS_PORT").unwrap_or_else(|_| "5695".into());
+    format!("amqps://guest:guest@localhost:{port}/%2f")
+}
 
 fn openssl(args: &[&str], dir: &Path) {
     let out = Command::new("openssl")
@@ -121,12 +127,15 @@ fn certificates() -> PathBuf {
     dir
 }
 
-fn cluster_sh(args: &[&str]) -> std::process::Output {
+/// Runs the script that starts and stops the TLS node.
+fn tls_broker(args: &[&str]) -> std::process::Output {
+    let script = std::env::var("DELAY_BRIDGE_TEST_TLS_BROKER")
+        .unwrap_or_else(|_| "scripts/cluster.sh".into());
     Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
         .args(args)
         .output()
-        .expect("cluster.sh runs")
+        .expect("the TLS broker script runs")
 }
 
 /// The broker node with the AMQPS listener; stopped when dropped.
@@ -134,7 +143,7 @@ struct TlsBroker;
 
 impl TlsBroker {
     fn start(certificates: &Path) -> TlsBroker {
-        let out = cluster_sh(&["start-tls", certificates.to_str().unwrap()]);
+        let out = tls_broker(&["start-tls", certificates.to_str().unwrap()]);
         assert!(out.status.success(), "the TLS broker starts: {out:?}");
         TlsBroker
     }
@@ -142,14 +151,14 @@ impl TlsBroker {
 
 impl Drop for TlsBroker {
     fn drop(&mut self) {
-        let _ = cluster_sh(&["ctl", "5", "stop"]);
+        let _ = tls_broker(&["stop-tls"]);
     }
 }
 
 fn config(tls: RawTls) -> Config {
     RawConfig {
         broker: RawBroker {
-            url: Some(URL.into()),
+            url: Some(url()),
             urls: None,
         },
         routes: vec![RawRoute {
@@ -275,7 +284,7 @@ fn tls_needs_amqps_urls_and_a_whole_client_identity() {
         .to_string();
     assert!(plain.contains("amqps://"), "{plain}");
     let half = raw(
-        URL,
+        &url(),
         RawTls {
             cert_file: Some("c.pem".into()),
             ..RawTls::default()
@@ -285,7 +294,7 @@ fn tls_needs_amqps_urls_and_a_whole_client_identity() {
     .unwrap_err()
     .to_string();
     assert!(half.contains("key_file"), "{half}");
-    let config = raw(URL, ca).validate().unwrap();
+    let config = raw(&url(), ca).validate().unwrap();
     assert!(config.url().tls().is_some());
     assert!(config.to_string().contains("ca_file = \"ca.pem\""));
     let _: &BrokerUrl = config.url();
