@@ -259,12 +259,17 @@ pub struct RawTls {
     pub cert_file: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 impl RawTls {
     /// True when the section sets nothing.
     fn is_unset(&self) -> bool {
-        self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none()
+        self.ca_file.is_none()
+            && self.cert_file.is_none()
+            && self.key_file.is_none()
+            && self.server_name.is_none()
     }
 
     /// `None` when unset. A certificate needs its key and the other way round, and TLS
@@ -291,9 +296,19 @@ impl RawTls {
                 "[tls] applies to amqps:// URLs; this broker URL is not one",
             ));
         }
+        if let Some(name) = &self.server_name
+            && (name.is_empty() || name.contains(['/', ':', '@', ' ']))
+        {
+            return Err(invalid(
+                "tls.server_name",
+                name,
+                "a host name the broker's certificate carries, such as rabbit.internal",
+            ));
+        }
         Ok(Some(TlsFiles {
             ca_file: self.ca_file,
             client,
+            server_name: self.server_name,
         }))
     }
 }
@@ -393,6 +408,9 @@ pub struct TlsFiles {
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate and its PEM (PKCS#8) key, for brokers that require one.
     pub client: Option<(PathBuf, PathBuf)>,
+    /// The name the broker's certificate must carry, when it is not the URL's host (a
+    /// load balancer's address, an IP).
+    pub server_name: Option<String>,
 }
 
 impl BrokerUrl {
@@ -1119,6 +1137,7 @@ impl Config {
                     ca_file: tls.ca_file.clone(),
                     cert_file: tls.client.as_ref().map(|(cert, _)| cert.clone()),
                     key_file: tls.client.as_ref().map(|(_, key)| key.clone()),
+                    server_name: tls.server_name.clone(),
                 })
                 .unwrap_or_default(),
             routes: self

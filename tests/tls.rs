@@ -20,10 +20,14 @@ use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-/// The TLS node's URL: `localhost`, a name the server certificate carries.
-fn url() -> String {
+/// The TLS node's URL with `host`: `localhost` is the name its certificate carries.
+fn url_at(host: &str) -> String {
     let port = std::env::var("DELAY_BRIDGE_TEST_TLS_PORT").unwrap_or_else(|_| "5695".into());
-    format!("amqps://guest:guest@localhost:{port}/%2f")
+    format!("amqps://guest:guest@{host}:{port}/%2f")
+}
+
+fn url() -> String {
+    url_at("localhost")
 }
 
 fn openssl(args: &[&str], dir: &Path) {
@@ -115,7 +119,8 @@ fn certificates() -> PathBuf {
         &dir,
         "test",
         "server",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        // A name only, no address: an `amqps://127.0.0.1` URL needs `server_name`.
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
     );
     make_cert(
         &dir,
@@ -156,9 +161,13 @@ impl Drop for TlsBroker {
 }
 
 fn config(tls: RawTls) -> Config {
+    config_at("localhost", tls)
+}
+
+fn config_at(host: &str, tls: RawTls) -> Config {
     RawConfig {
         broker: RawBroker {
-            url: Some(url()),
+            url: Some(url_at(host)),
             urls: None,
         },
         routes: vec![RawRoute {
@@ -180,6 +189,7 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
         ca_file: Some(dir.join("test-ca.pem")),
         cert_file: Some(dir.join("client.pem")),
         key_file: Some(dir.join("client.key")),
+        server_name: None,
     };
 
     // A message through the bridge, every connection over TLS.
@@ -236,13 +246,35 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
         ca_file: Some(dir.join("test-ca.pem")),
         cert_file: None,
         key_file: None,
+        server_name: None,
     });
     let error = amqp::connect(anonymous.url(), "tls test")
         .await
         .expect_err("the broker requires a client certificate")
         .to_string();
     println!("no client certificate: {error}");
-    assert!(error.contains("ertificate"), "{error}");
+    // The broker's alert (CertificateRequired), or a reset before it, with the hint.
+    assert!(error.contains("client certificate"), "{error}");
+
+    // By address: the certificate names no address, so the name to check is set apart.
+    let by_address = config_at("127.0.0.1", good.clone());
+    let error = amqp::connect(by_address.url(), "tls test")
+        .await
+        .expect_err("127.0.0.1 is not a name on the certificate")
+        .to_string();
+    println!("by address, no server_name: {error}");
+    assert!(error.contains("certificate"), "{error}");
+    let named = config_at(
+        "127.0.0.1",
+        RawTls {
+            server_name: Some("localhost".into()),
+            ..good.clone()
+        },
+    );
+    let connection = amqp::connect(named.url(), "tls test")
+        .await
+        .expect("server_name = localhost matches the certificate");
+    let _ = connection.close(200, "done".into()).await;
 
     // A missing file names itself.
     let missing = config(RawTls {
@@ -294,6 +326,17 @@ fn tls_needs_amqps_urls_and_a_whole_client_identity() {
     .unwrap_err()
     .to_string();
     assert!(half.contains("key_file"), "{half}");
+    let bad_name = raw(
+        &url(),
+        RawTls {
+            server_name: Some("rabbit:5671".into()),
+            ..ca.clone()
+        },
+    )
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(bad_name.contains("tls.server_name"), "{bad_name}");
     let config = raw(&url(), ca).validate().unwrap();
     assert!(config.url().tls().is_some());
     assert!(config.to_string().contains("ca_file = \"ca.pem\""));

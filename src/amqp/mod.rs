@@ -31,22 +31,27 @@ pub struct ConnectError {
 /// Opens a connection named `name` (shown in the management UI), with the URL's TLS files
 /// when it has some (read now, so renewed files apply at the next connect).
 pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectError> {
-    let fail = |source| ConnectError {
+    let fail = |source: lapin::Error| ConnectError {
+        source: with_tls_hint(url, source),
         url: url.to_string(),
-        source,
     };
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     match url.tls() {
         None => Connection::connect(url.expose(), properties).await,
         Some(files) => {
             let tls = tls::read(files).map_err(|e| fail(lapin::Error::from(e)))?;
-            DefaultConnectionBuilder::new()
-                .map_err(fail)?
-                .with_uri_str(url.expose().to_string())
-                .with_properties(properties)
-                .with_tls_config(tls)
-                .connect()
-                .await
+            match &files.server_name {
+                None => {
+                    DefaultConnectionBuilder::new()
+                        .map_err(fail)?
+                        .with_uri_str(url.expose().to_string())
+                        .with_properties(properties)
+                        .with_tls_config(tls)
+                        .connect()
+                        .await
+                }
+                Some(name) => tls::connect_as(url.expose(), name, tls, properties).await,
+            }
         }
     }
     .map_err(fail)
@@ -75,6 +80,22 @@ pub(crate) enum Published {
     },
     /// The broker refused it (a nack: for example a full queue with `reject-publish`).
     Nacked,
+}
+
+/// `source`, with what to check when it alone may not say: a broker that requires a client
+/// certificate may reset the connection before its alert arrives, and the URL has none.
+fn with_tls_hint(url: &BrokerUrl, source: lapin::Error) -> lapin::Error {
+    let text = source.to_string();
+    let without_client_certificate = url.tls().is_some_and(|files| files.client.is_none());
+    if without_client_certificate
+        && (text.contains("CertificateRequired") || text.contains("reset by peer"))
+    {
+        lapin::Error::from(std::io::Error::other(format!(
+            "{text} (no tls.cert_file and tls.key_file: does the broker require a client certificate?)"
+        )))
+    } else {
+        source
+    }
 }
 
 /// The AMQP reply code of a channel or connection error, if the broker sent one.

@@ -3,7 +3,9 @@
 use std::io;
 use std::path::Path;
 
-use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+use lapin::tcp::{AsyncTcpStream, OwnedIdentity, OwnedTLSConfig};
+use lapin::uri::AMQPUri;
+use lapin::{Connection, ConnectionProperties};
 
 use crate::config::TlsFiles;
 
@@ -26,6 +28,33 @@ pub(super) fn read(files: &TlsFiles) -> io::Result<OwnedTLSConfig> {
         identity,
         cert_chain,
     })
+}
+
+/// Connects to `url` over TLS, checking the broker's certificate against `server_name`
+/// instead of the URL's host (the AMQP client's own connect uses the host for both).
+pub(super) async fn connect_as(
+    url: &str,
+    server_name: &str,
+    tls: OwnedTLSConfig,
+    properties: ConnectionProperties,
+) -> lapin::Result<Connection> {
+    let uri: AMQPUri = url
+        .parse()
+        .map_err(|e: String| lapin::Error::from(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    let runtime = lapin::runtime::default_runtime()?;
+    let server_name = server_name.to_string();
+    Connection::connector(
+        uri,
+        runtime,
+        async move |uri, runtime| {
+            let addresses =
+                runtime.to_socket_addrs((uri.authority.host.clone(), uri.authority.port));
+            let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
+            Ok(stream.into_tls(&server_name, tls.as_ref()).await?)
+        },
+        properties,
+    )
+    .await
 }
 
 fn read_bytes(key: &str, path: &Path) -> io::Result<Vec<u8>> {
