@@ -165,9 +165,14 @@ fn config(tls: RawTls) -> Config {
 }
 
 fn config_at(host: &str, tls: RawTls) -> Config {
+    raw(&url_at(host), tls).validate().expect("a valid config")
+}
+
+/// A configuration of one route with this broker URL and `[tls]`, as the file holds it.
+fn raw(url: &str, tls: RawTls) -> RawConfig {
     RawConfig {
         broker: RawBroker {
-            url: Some(url_at(host)),
+            url: Some(url.into()),
             urls: None,
         },
         routes: vec![RawRoute {
@@ -177,8 +182,6 @@ fn config_at(host: &str, tls: RawTls) -> Config {
         tls,
         ..RawConfig::default()
     }
-    .validate()
-    .expect("a valid config")
 }
 
 #[tokio::test]
@@ -294,18 +297,6 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
 
 #[test]
 fn tls_needs_amqps_urls_and_a_whole_client_identity() {
-    let raw = |url: &str, tls: RawTls| RawConfig {
-        broker: RawBroker {
-            url: Some(url.into()),
-            urls: None,
-        },
-        routes: vec![RawRoute {
-            ingress: Some("a".into()),
-            target: Some("b".into()),
-        }],
-        tls,
-        ..RawConfig::default()
-    };
     let ca = RawTls {
         ca_file: Some("ca.pem".into()),
         ..RawTls::default()
