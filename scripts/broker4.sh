@@ -111,6 +111,22 @@ export ERL_EPMD_PORT
 EOF
 }
 
+# Waits until NODE (launched at SECONDS = STARTED) has booted, or shows the end of its log
+# (under LOG_DIR in the chroot) and exits. await_startup fails at once while the VM is not
+# yet reachable: retry until the deadline.
+await_node() {
+  local node=$1 started=$2 log_dir=$3
+  until timeout "$deadline_s" chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      HOME=/root ERL_EPMD_PORT="$epmd_port" rabbitmqctl -q -n "$node" await_startup >/dev/null 2>&1; do
+    if (( SECONDS - started >= deadline_s )); then
+      say "node $node did not start within ${deadline_s}s; its log:"
+      tail -n 30 "$root$log_dir"/*.log 2>/dev/null || true
+      exit 1
+    fi
+    sleep 1
+  done
+}
+
 start() {
   if answers; then say "RabbitMQ 4 already answers on 127.0.0.1:$port"; return 0; fi
   [ -x "$root/usr/sbin/rabbitmq-server" ] || install
@@ -120,16 +136,7 @@ start() {
   local started=$SECONDS
   ulimit -n 65536 2>/dev/null || true
   in_root rabbitmq-server -detached >/dev/null 2>&1 || true
-  # await_startup fails at once while the VM is not yet reachable: retry until the deadline.
-  until timeout "$deadline_s" chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-      HOME=/root ERL_EPMD_PORT="$epmd_port" rabbitmqctl -q -n "$node" await_startup >/dev/null 2>&1; do
-    if (( SECONDS - started >= deadline_s )); then
-      say "RabbitMQ 4 did not start within ${deadline_s}s; its log:"
-      tail -n 30 "$root"/var/log/rabbitmq/*.log 2>/dev/null || true
-      exit 1
-    fi
-    sleep 1
-  done
+  await_node "$node" "$started" /var/log/rabbitmq
   local waited=0
   until answers; do
     (( waited++ < deadline_s )) || { say "no AMQP on 127.0.0.1:$port"; exit 1; }
@@ -187,15 +194,7 @@ start_tls() {
   printf 'listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:5696\nssl_options.cacertfile = /etc/rabbitmq/tls-node/ca.pem\nssl_options.certfile = /etc/rabbitmq/tls-node/server.pem\nssl_options.keyfile = /etc/rabbitmq/tls-node/server.key\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n' >"$conf/rabbitmq.conf"
   chown -R rabbitmq:rabbitmq "$root/var/lib/rabbitmq/tls-node" "$root/var/log/rabbitmq/tls-node" 2>/dev/null || true
   in_tls_root rabbitmq-server -detached >/dev/null 2>&1 || true
-  until timeout "$deadline_s" chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-      HOME=/root ERL_EPMD_PORT="$epmd_port" rabbitmqctl -q -n "$tls_node" await_startup >/dev/null 2>&1; do
-    if (( SECONDS - started >= deadline_s )); then
-      say "the TLS node did not start within ${deadline_s}s; its log:"
-      tail -n 30 "$root"/var/log/rabbitmq/tls-node/*.log 2>/dev/null || true
-      exit 1
-    fi
-    sleep 1
-  done
+  await_node "$tls_node" "$started" /var/log/rabbitmq/tls-node
   say "TLS node $tls_node up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:5696/%2f (client certificate required)"
 }
 

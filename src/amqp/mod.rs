@@ -12,7 +12,7 @@ pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;
 
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
+use lapin::{Channel, Connection, ConnectionProperties};
 use thiserror::Error;
 
 use crate::config::BrokerUrl;
@@ -40,18 +40,7 @@ pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectE
         None => Connection::connect(url.expose(), properties).await,
         Some(files) => {
             let tls = tls::read(files).map_err(|e| fail(lapin::Error::from(e)))?;
-            match &files.server_name {
-                None => {
-                    DefaultConnectionBuilder::new()
-                        .map_err(fail)?
-                        .with_uri_str(url.expose().to_string())
-                        .with_properties(properties)
-                        .with_tls_config(tls)
-                        .connect()
-                        .await
-                }
-                Some(name) => tls::connect_as(url.expose(), name, tls, properties).await,
-            }
+            tls::connect(url.expose(), files.server_name.as_deref(), tls, properties).await
         }
     }
     .map_err(fail)

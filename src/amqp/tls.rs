@@ -30,11 +30,11 @@ pub(super) fn read(files: &TlsFiles) -> io::Result<OwnedTLSConfig> {
     })
 }
 
-/// Connects to `url` over TLS, checking the broker's certificate against `server_name`
-/// instead of the URL's host (the AMQP client's own connect uses the host for both).
-pub(super) async fn connect_as(
+/// Connects to `url` over TLS, checking the broker's certificate against `server_name`, or
+/// the URL's host when there is none (the AMQP client's own connect has no separate name).
+pub(super) async fn connect(
     url: &str,
-    server_name: &str,
+    server_name: Option<&str>,
     tls: OwnedTLSConfig,
     properties: ConnectionProperties,
 ) -> lapin::Result<Connection> {
@@ -42,7 +42,7 @@ pub(super) async fn connect_as(
         .parse()
         .map_err(|e: String| lapin::Error::from(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
     let runtime = lapin::runtime::default_runtime()?;
-    let server_name = server_name.to_string();
+    let server_name = server_name.unwrap_or(&uri.authority.host).to_string();
     Connection::connector(
         uri,
         runtime,

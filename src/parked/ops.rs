@@ -73,39 +73,18 @@ pub async fn peek(
     queue: &str,
     limit: u16,
 ) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
-    let fail = |source| ParkedError::Read {
-        queue: queue.to_string(),
-        source,
-    };
-    let channel = connection.create_channel().await.map_err(fail)?;
-    let result = async {
-        let held = queue_counts(&channel, queue).await?.messages;
-        let wanted = held.min(u64::from(limit)) as usize;
-        let mut read = Vec::with_capacity(wanted);
-        if wanted == 0 {
-            return Ok((read, held));
-        }
-        let mut deliveries = consume(&channel, queue, wanted).await?;
-        while read.len() < wanted {
-            match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
-                Ok(Some(delivery)) => {
-                    let delivery = delivery?;
-                    read.push(ParkedMessage::describe(
-                        delivery.routing_key.as_str(),
-                        &delivery.properties,
-                        delivery.data.len(),
-                    ));
-                }
-                // Another consumer took the rest, or the queue was deleted.
-                Ok(None) | Err(_) => break,
-            }
-        }
-        Ok((read, held))
-    }
-    .await;
-    // Closing the channel hands every message it read back to the queue.
-    let _ = channel.close(200, "read".into()).await;
-    result.map_err(fail)
+    let report = act_on(
+        connection,
+        queue,
+        None,
+        Action::List,
+        &Filter::default(),
+        usize::from(limit),
+        false,
+    )
+    .await?;
+    let messages = report.selected.into_iter().map(|o| o.message).collect();
+    Ok((messages, report.held))
 }
 
 /// Reads the parked queue of `names` (at most [`MOST_AT_ONCE`] messages), selects those
@@ -124,19 +103,46 @@ pub async fn act(
     confirm_timeout: Duration,
 ) -> Result<Report, ParkedError> {
     let queue = names.parked_queue();
+    let replay_into = match (action, dry_run) {
+        (Action::Replay, false) => Some((
+            Publisher::open(connection, confirm_timeout)
+                .await
+                .map_err(|source| ParkedError::Read {
+                    queue: queue.clone(),
+                    source,
+                })?,
+            ShortString::from(names.work_exchange()),
+        )),
+        _ => None,
+    };
+    act_on(
+        connection,
+        &queue,
+        replay_into,
+        action,
+        filter,
+        limit,
+        dry_run,
+    )
+    .await
+}
+
+/// [`act`] on the parked queue `queue`; a replay publishes with the publisher into the
+/// exchange of `replay_into` (none on a list, a purge or a dry run).
+async fn act_on(
+    connection: &Connection,
+    queue: &str,
+    replay_into: Option<(Publisher, ShortString)>,
+    action: Action,
+    filter: &Filter,
+    limit: usize,
+    dry_run: bool,
+) -> Result<Report, ParkedError> {
     let fail = |source| ParkedError::Read {
-        queue: queue.clone(),
+        queue: queue.to_string(),
         source,
     };
     let channel = connection.create_channel().await.map_err(fail)?;
-    let publisher = match (action, dry_run) {
-        (Action::Replay, false) => Some(
-            Publisher::open(connection, confirm_timeout)
-                .await
-                .map_err(fail)?,
-        ),
-        _ => None,
-    };
     let mut report = Report {
         action,
         dry_run,
@@ -145,13 +151,18 @@ pub async fn act(
         selected: Vec::new(),
     };
     let result = async {
-        report.held = queue_counts(&channel, &queue).await.map_err(fail)?.messages;
+        report.held = queue_counts(&channel, queue).await.map_err(fail)?.messages;
         let scan = report.held.min(u64::from(MOST_AT_ONCE)) as usize;
         if scan == 0 || limit == 0 {
             return Ok(());
         }
-        let mut deliveries = consume(&channel, &queue, scan).await.map_err(fail)?;
-        let work_exchange = ShortString::from(names.work_exchange());
+        // Without a filter every message read is selected: `limit` of them are enough.
+        let window = if filter.is_empty() {
+            scan.min(limit)
+        } else {
+            scan
+        };
+        let mut deliveries = consume(&channel, queue, window).await.map_err(fail)?;
         while (report.scanned as usize) < scan && report.selected.len() < limit {
             let delivery = match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
                 Ok(Some(delivery)) => delivery.map_err(fail)?,
@@ -171,7 +182,7 @@ pub async fn act(
                 done: false,
                 note: None,
             };
-            match (action, &publisher) {
+            match (action, &replay_into) {
                 (Action::List, _) => {}
                 (Action::Purge, _) if dry_run => {}
                 (Action::Purge, _) => {
@@ -184,7 +195,7 @@ pub async fn act(
                     );
                 }
                 (Action::Replay, None) => {}
-                (Action::Replay, Some(publisher)) => {
+                (Action::Replay, Some((publisher, work_exchange))) => {
                     let published = publisher
                         .publish(
                             work_exchange.clone(),
@@ -216,7 +227,7 @@ pub async fn act(
     .await;
     // Closing the channel hands every message not removed back to the queue.
     let _ = channel.close(200, "done".into()).await;
-    if let Some(publisher) = publisher {
+    if let Some((publisher, _)) = replay_into {
         publisher.close("done").await;
     }
     result?;
