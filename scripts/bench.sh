@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# The benchmarks: brings up RabbitMQ, builds delay-bridge and delay-bridge-bench in release
-# mode, and runs every scenario of `delay-bridge-bench` with its defaults, one after the other (never in
-# parallel: they would measure each other). Each report goes to target/bench/<scenario>.txt.
-#   bash scripts/bench.sh                 # all scenarios
-#   bash scripts/bench.sh steady burst    # some
+# The benchmarks: brings up RabbitMQ 3.x (127.0.0.1:5672) and 4.x (127.0.0.1:5673,
+# scripts/broker4.sh), builds delay-bridge and delay-bridge-bench in release mode, and runs
+# each scenario three times on each broker, one run after the other (never in parallel:
+# they would measure each other). Each run's report goes to
+# target/bench/<broker version>/<scenario>.<run>.txt; after the runs of a scenario, its
+# spread (min / median / max of every figure, and the runs that met each target) is
+# printed and saved as target/bench/<broker version>/<scenario>.spread.txt.
+#   bash scripts/bench.sh                      # every scenario, both brokers, 3 runs each
+#   bash scripts/bench.sh steady capacity      # some scenarios
+#   BENCH_RUNS=1 bash scripts/bench.sh burst   # another number of runs
+#   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672) or 4 (5673)
 # The benchmarks are their own binary, built with `--features bench` (the daemon's default
 # build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
-#   target/release/delay-bridge-bench pending --count 10000000
+#   target/release/delay-bridge-bench steady --rate 1000 --seconds 30
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-bash scripts/broker.sh
-cargo build --release --quiet --features bench
-mkdir -p target/bench
+runs=${BENCH_RUNS:-3}
+brokers=${BENCH_BROKERS:-3 4}
 scenarios=("$@")
-[ ${#scenarios[@]} -eq 0 ] && scenarios=(ladder baseline hop burst steady pending cancel-horizon tombstones)
-for scenario in "${scenarios[@]}"; do
-  echo "== delay-bridge-bench $scenario"
-  ./target/release/delay-bridge-bench "$scenario" | tee "target/bench/$scenario.txt"
+# `ladder` is pure computation: its figures do not vary between runs or brokers.
+[ ${#scenarios[@]} -eq 0 ] && scenarios=(baseline hop burst steady capacity pending cancel-horizon tombstones)
+
+cargo build --release --quiet --features bench
+bench=./target/release/delay-bridge-bench
+
+for broker in $brokers; do
+  case $broker in
+    3) bash scripts/broker.sh; url="amqp://guest:guest@127.0.0.1:5672/%2f"
+       version=$(rabbitmqctl version 2>/dev/null || echo 3.x) ;;
+    4) bash scripts/broker4.sh start; url="amqp://guest:guest@127.0.0.1:5673/%2f"
+       version=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo 4.x) ;;
+    *) echo "bench.sh: BENCH_BROKERS takes 3 and/or 4, not $broker" >&2; exit 2 ;;
+  esac
+  out=target/bench/$version
+  mkdir -p "$out"
+  for scenario in "${scenarios[@]}"; do
+    reports=()
+    for run in $(seq 1 "$runs"); do
+      echo "== RabbitMQ $version: delay-bridge-bench $scenario (run $run of $runs)"
+      DELAY_BRIDGE_URL=$url $bench "$scenario" | tee "$out/$scenario.$run.txt"
+      reports+=("$out/$scenario.$run.txt")
+    done
+    echo "== RabbitMQ $version: $scenario over $runs runs"
+    $bench spread "${reports[@]}" | tee "$out/$scenario.spread.txt"
+  done
 done

@@ -4,7 +4,9 @@
 //!
 //! Two passes: flat out (throughput; latency there is mostly queueing behind the confirm
 //! window), then paced at a moderate rate for 5 s (latency of one broker round trip, the
-//! floor under the bridge's lateness, which ends with exactly such a trip).
+//! floor under the bridge's lateness, which ends with exactly such a trip). The broker
+//! process's CPU time over the paced pass, per message, is the cost of one plain transit at
+//! that rate: the yardstick for the broker's CPU per delayed message.
 
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use delay_bridge::amqp;
 use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
 
+use super::broker_process::BrokerProcess;
 use super::load::{Arrivals, Collector, HEADER_BYTES, Outgoing, body, now_us, publish};
 use super::{Spread, ms};
 
@@ -83,13 +86,36 @@ pub struct Baseline {
     pub paced_rate: f64,
     /// Paced: arrival minus send time.
     pub paced_latency: Spread,
+    /// Messages of the paced pass.
+    pub paced_count: u64,
+    /// The broker process's CPU time over the paced pass (`None`: not found on this machine).
+    pub paced_broker_cpu: Option<Duration>,
+    /// The broker process's CPU time over the flat-out pass.
+    pub flat_broker_cpu: Option<Duration>,
+    /// The broker's process, when it runs on this machine: the scenarios read its CPU too.
+    pub broker: Option<BrokerProcess>,
 }
 
 impl Baseline {
+    /// The broker's CPU time per message of the paced pass, µs: one plain transit.
+    pub fn broker_us_per_message(&self) -> Option<f64> {
+        self.paced_broker_cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / self.paced_count.max(1) as f64)
+    }
+
+    /// The broker's CPU time per message of the flat-out pass, µs.
+    pub fn flat_broker_us_per_message(&self) -> Option<f64> {
+        self.flat_broker_cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / self.count.max(1) as f64)
+    }
+
     /// One line for a scenario's report.
     pub fn line(&self) -> String {
+        let broker_cpu = self
+            .broker_us_per_message()
+            .map_or_else(|| "not measured".to_string(), |us| format!("{us:.0} us"));
         format!(
-            "baseline (plain durable queue, same publisher and consumer, {} B): flat out {:.0} msg/s (latency p50 {} ms, p99 {} ms); paced at {} msg/s latency p50 {} ms, p99 {} ms, max {} ms",
+            "baseline (plain durable queue, same publisher and consumer, {} B): flat out {:.0} msg/s (latency p50 {} ms, p99 {} ms); paced at {} msg/s latency p50 {} ms, p99 {} ms, max {} ms, broker CPU per message {broker_cpu}",
             self.body_size,
             self.rate,
             ms(self.latency.p50),
@@ -110,6 +136,9 @@ impl Baseline {
             "latency": self.latency.json(),
             "paced_msg_per_s": self.paced_rate,
             "paced_latency": self.paced_latency.json(),
+            "paced_broker_cpu_us_per_msg": self.broker_us_per_message(),
+            "flat_broker_cpu_us_per_msg": self.flat_broker_us_per_message(),
+            "broker_version": self.broker.as_ref().and_then(|b| b.version.clone()),
         })
     }
 }
@@ -142,8 +171,21 @@ pub async fn measure(
         )
         .await?;
     let paced_count = (paced_rate * paced_seconds).round().max(1.0) as u64;
+    let broker = match BrokerProcess::find(config.url().expose()) {
+        Ok(broker) => Some(broker),
+        Err(e) => {
+            tracing::warn!("the broker's CPU is not measured: {e:#}");
+            None
+        }
+    };
+    let broker_cpu = || broker.as_ref().map(BrokerProcess::cpu).transpose();
     let passes = async {
+        let flat_before = broker_cpu()?;
         let flat = pass(&channel, &consumer, &queue, count, None, body_size).await?;
+        let cpu_before = broker_cpu()?;
+        let flat_cpu = flat_before
+            .zip(cpu_before)
+            .map(|(a, b)| b.saturating_sub(a));
         let paced = pass(
             &channel,
             &consumer,
@@ -153,7 +195,10 @@ pub async fn measure(
             body_size,
         )
         .await?;
-        Ok::<_, anyhow::Error>((flat, paced))
+        let cpu = cpu_before
+            .zip(broker_cpu()?)
+            .map(|(a, b)| b.saturating_sub(a));
+        Ok::<_, anyhow::Error>((flat, paced, flat_cpu, cpu))
     }
     .await;
     channel
@@ -161,7 +206,7 @@ pub async fn measure(
         .await?;
     let _ = publisher.close(200, "done".into()).await;
     let _ = consumer.close(200, "done".into()).await;
-    let ((started_us, flat), (_, paced)) = passes?;
+    let ((started_us, flat), (_, paced), flat_broker_cpu, paced_broker_cpu) = passes?;
     let seconds = flat.last_us.saturating_sub(started_us) as f64 / 1e6;
     Ok(Baseline {
         count,
@@ -170,6 +215,10 @@ pub async fn measure(
         latency: Spread::of(&flat.lateness_us).expect("count >= 1"),
         paced_rate,
         paced_latency: Spread::of(&paced.lateness_us).expect("paced count >= 1"),
+        paced_count,
+        paced_broker_cpu,
+        flat_broker_cpu,
+        broker,
     })
 }
 
@@ -216,7 +265,14 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
         args.paced_seconds,
     )
     .await?;
-    println!("baseline: broker {}, no bridge", config.url());
+    println!(
+        "baseline: broker {} ({}), no bridge",
+        config.url(),
+        baseline
+            .broker
+            .as_ref()
+            .map_or_else(|| "process not found".into(), BrokerProcess::describe)
+    );
     println!("{}", baseline.line());
     println!("latency, ms:          {}", Spread::header());
     println!("  flat out            {}", baseline.latency.row());

@@ -15,12 +15,14 @@ use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::plan::{Step, next_step};
 
-use super::baseline::BaselineArgs;
+use super::baseline::{Baseline, BaselineArgs};
+use super::cost::{Cost, broker_cpu_now};
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
-use crate::measured_bridge::{MeasuredBridge, UsageSpan};
+use crate::measured_bridge::MeasuredBridge;
+use crate::process_usage::UsageSpan;
 
 /// `bench hop` options.
 #[derive(Debug, clap::Args)]
@@ -46,7 +48,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let count = args.count.max(1);
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let sandbox = Sandbox::declare(base, "delay-bridge-bench-hop", TargetBinding::Fanout).await?;
-    let measured = measure(&sandbox, args, count, delay).await;
+    let measured = measure(&sandbox, &baseline, args, count, delay).await;
     sandbox.finish().await?;
     let m = measured?;
 
@@ -59,7 +61,11 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         format_duration(delay)
     );
     println!("bridge: {}", bridge_description());
-    println!("broker: {}", base.url());
+    println!(
+        "broker: {} ({})",
+        base.url(),
+        super::steady::broker_name(&baseline)
+    );
     println!("{}", baseline.line());
     println!(
         "moved {count} into level(s) {} in {:.2} s: {rate:.0} hops/s = {ratio:.2} x baseline",
@@ -73,6 +79,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         mib(m.bridge.rss_start),
         mib(m.bridge.rss_end),
         mib(m.bridge.peak_rss)
+    );
+    println!(
+        "{} per hop (the baseline's flat-out pass; the broker's figure includes this bench's polling of the levels' counts every 5 ms)",
+        m.cost.line()
     );
     let targets = [Target::new(
         "every message in a level, none lost or doubled",
@@ -88,6 +98,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         "hops_per_s": rate.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
         "bridge_cpu_us_per_hop": cpu_us.round(),
         "in_levels": m.in_levels,
+        "cost": m.cost.json(),
     });
     print_report(report, &targets, &m.bridge, "ready", None);
     Ok(())
@@ -99,9 +110,16 @@ struct Measured {
     in_levels: u64,
     /// From ready to the end.
     bridge: UsageSpan,
+    cost: Cost,
 }
 
-async fn measure(sandbox: &Sandbox, args: &Args, count: u64, delay: Duration) -> Result<Measured> {
+async fn measure(
+    sandbox: &Sandbox,
+    baseline: &Baseline,
+    args: &Args,
+    count: u64,
+    delay: Duration,
+) -> Result<Measured> {
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let due_ms = now_ms() + delay.as_millis() as u64;
     let ingress = sandbox.ingress.clone();
@@ -131,6 +149,7 @@ async fn measure(sandbox: &Sandbox, args: &Args, count: u64, delay: Duration) ->
     let process = MeasuredBridge::start(sandbox).await?;
     let started = tokio::time::Instant::now();
     let ready = process.usage()?;
+    let broker_start = broker_cpu_now(baseline)?;
     let deadline = started + Duration::from_secs(60) + Duration::from_millis(count);
     loop {
         if sandbox.ready_in(&levels).await? >= count {
@@ -143,6 +162,7 @@ async fn measure(sandbox: &Sandbox, args: &Args, count: u64, delay: Duration) ->
     }
     let seconds = started.elapsed().as_secs_f64();
     let end = process.usage()?;
+    let broker_end = broker_cpu_now(baseline)?;
     let in_levels = sandbox.pending_in_levels().await?;
     process.stop().await?;
     Ok(Measured {
@@ -150,5 +170,13 @@ async fn measure(sandbox: &Sandbox, args: &Args, count: u64, delay: Duration) ->
         levels,
         in_levels,
         bridge: ready.until(&end),
+        cost: Cost {
+            messages: count,
+            broker_cpu: broker_start
+                .zip(broker_end)
+                .map(|(a, b)| b.saturating_sub(a)),
+            baseline_broker_us: baseline.flat_broker_us_per_message(),
+            bridge_cpu: ready.until(&end).cpu,
+        },
     })
 }

@@ -11,14 +11,19 @@
 
 mod baseline;
 mod broker_memory;
+mod broker_process;
 mod burst;
 mod cancel_horizon;
+mod capacity;
+mod cost;
 mod faults;
 mod hop;
 mod ladder;
 mod load;
 mod measured_bridge;
 mod pending;
+mod process_usage;
+mod spread;
 mod steady;
 mod tombstones;
 
@@ -76,6 +81,9 @@ pub enum Scenario {
     /// A steady rate of messages with delays spread over a range: lateness (arrival minus
     /// due) percentiles, early, missing and duplicate counts.
     Steady(steady::Args),
+    /// The highest steady rate at which p99 lateness stays within 10 ms with nothing
+    /// missing, and what a delayed message costs the broker and the bridge there.
+    Capacity(capacity::Args),
     /// Many messages all due at the same instant: how fast the bridge drains them, as a
     /// ratio of the baseline.
     Burst(burst::Args),
@@ -105,6 +113,9 @@ pub enum Scenario {
     BrokerCrash(faults::broker_loss::Args),
     /// Fault: random header tables and properties through a real bridge.
     Fuzz(faults::fuzz::Args),
+    /// The spread (min / median / max) of several saved runs of one scenario, and which
+    /// targets each met. Reads files only: no broker.
+    Spread(spread::Args),
 }
 
 /// Runs one scenario against the configured broker.
@@ -113,6 +124,7 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::Baseline(args) => baseline::run(base, args).await,
         Scenario::Steady(args) => steady::run(base, args).await,
         Scenario::Burst(args) => burst::run(base, args).await,
+        Scenario::Capacity(args) => capacity::run(base, args).await,
         Scenario::Hop(args) => hop::run(base, args).await,
         Scenario::Pending(args) => pending::run(base, args).await,
         Scenario::Ladder(args) => ladder::run(base, args),
@@ -123,6 +135,7 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::NodeLoss(args) => faults::broker_loss::run(base, args, "node-loss").await,
         Scenario::BrokerCrash(args) => faults::broker_loss::run(base, args, "broker-crash").await,
         Scenario::Fuzz(args) => faults::fuzz::run(base, args).await,
+        Scenario::Spread(args) => spread::run(args),
     }
 }
 
@@ -259,7 +272,7 @@ pub fn targets_json(targets: &[Target]) -> Value {
 pub fn print_report(
     mut report: Value,
     targets: &[Target],
-    bridge: &measured_bridge::UsageSpan,
+    bridge: &process_usage::UsageSpan,
     first_reading: &str,
     machine_busy: Option<&str>,
 ) {

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
 
 use delay_bridge::sandbox::Sandbox;
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
+
+use crate::process_usage::{self, ProcessUsage};
 
 /// How long a starting bridge may take to consume: long enough to read a cancel stream of
 /// millions of tombstones.
@@ -19,59 +20,6 @@ const READY_WITHIN: Duration = Duration::from_secs(300);
 pub struct MeasuredBridge {
     process: BridgeProcess,
     _config: ConfigFile,
-}
-
-/// What `/proc/<pid>` says of the bridge process now.
-#[derive(Debug, Clone, Copy)]
-pub struct ProcessUsage {
-    /// Resident set size, bytes.
-    pub rss: u64,
-    /// The largest resident set size so far, bytes.
-    pub peak_rss: u64,
-    /// User plus system CPU time since the process started.
-    pub cpu: Duration,
-}
-
-/// What the bridge process used between two readings.
-#[derive(Debug, Clone, Copy)]
-pub struct UsageSpan {
-    /// CPU time spent between the readings.
-    pub cpu: Duration,
-    /// RSS at the first reading, bytes.
-    pub rss_start: u64,
-    /// RSS at the second reading, bytes.
-    pub rss_end: u64,
-    /// The largest RSS up to the second reading, bytes.
-    pub peak_rss: u64,
-}
-
-impl UsageSpan {
-    /// Adds the span to a JSON report: `bridge_cpu_s`, `bridge_rss_<start>_bytes` (the
-    /// first reading's name, for example `start` or `ready`), `bridge_rss_end_bytes` and
-    /// `bridge_peak_rss_bytes`.
-    pub fn add_to(&self, report: &mut serde_json::Value, start: &str) {
-        let fields = [
-            ("bridge_cpu_s".to_string(), json!(self.cpu.as_secs_f64())),
-            (format!("bridge_rss_{start}_bytes"), json!(self.rss_start)),
-            ("bridge_rss_end_bytes".to_string(), json!(self.rss_end)),
-            ("bridge_peak_rss_bytes".to_string(), json!(self.peak_rss)),
-        ];
-        if let Some(object) = report.as_object_mut() {
-            object.extend(fields);
-        }
-    }
-}
-
-impl ProcessUsage {
-    /// From this reading to a later one.
-    pub fn until(&self, end: &ProcessUsage) -> UsageSpan {
-        UsageSpan {
-            cpu: end.cpu.saturating_sub(self.cpu),
-            rss_start: self.rss,
-            rss_end: end.rss,
-            peak_rss: end.peak_rss,
-        }
-    }
 }
 
 /// The `delay-bridge` executable built beside this one.
@@ -120,20 +68,7 @@ impl MeasuredBridge {
     /// Its memory and CPU time now.
     pub fn usage(&self) -> Result<ProcessUsage> {
         let pid = i32::try_from(self.process.pid()).context("pid out of range")?;
-        let process = procfs::process::Process::new(pid).context("the bridge process")?;
-        let status = process.status().context("/proc/<pid>/status")?;
-        let stat = process.stat().context("/proc/<pid>/stat")?;
-        let kib = |value: Option<u64>, key: &str| {
-            value
-                .map(|kib| kib * 1024)
-                .with_context(|| format!("no {key} in /proc/{pid}/status"))
-        };
-        let ticks_per_second = procfs::ticks_per_second().max(1);
-        Ok(ProcessUsage {
-            rss: kib(status.vmrss, "VmRSS")?,
-            peak_rss: kib(status.vmhwm, "VmHWM")?,
-            cpu: Duration::from_millis((stat.utime + stat.stime) * 1000 / ticks_per_second),
-        })
+        process_usage::read(pid).context("the bridge process")
     }
 
     /// Stops it with SIGTERM (its graceful shutdown) and waits up to 30 s for it to exit.

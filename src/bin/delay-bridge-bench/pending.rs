@@ -19,7 +19,8 @@ use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
-use crate::measured_bridge::{MeasuredBridge, ProcessUsage};
+use crate::measured_bridge::MeasuredBridge;
+use crate::process_usage::ProcessUsage;
 
 /// `bench pending` options.
 #[derive(Debug, clap::Args)]

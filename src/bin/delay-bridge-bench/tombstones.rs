@@ -16,7 +16,8 @@ use delay_bridge::config::Config;
 use super::load::{self, Outgoing};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
-use crate::measured_bridge::{MeasuredBridge, ProcessUsage};
+use crate::measured_bridge::MeasuredBridge;
+use crate::process_usage::ProcessUsage;
 
 /// `bench tombstones` options.
 #[derive(Debug, clap::Args)]

@@ -1,0 +1,258 @@
+//! Capacity: the highest steady rate (delays spread over [1 s, 20 s]) at which the p99
+//! lateness stays within 10 ms with nothing missing and the asked rate achieved. Steady
+//! runs of `--seconds` each, every one on a fresh sandbox and bridge process: the rate
+//! doubles from `--from` until a run misses, then the last passing and the first missing
+//! rate are bisected (geometrically) until they are within `--resolution` of each other.
+
+use anyhow::Result;
+use serde_json::json;
+
+use delay_bridge::config::Config;
+use delay_bridge::ladder::{format_duration, parse_duration};
+
+use super::baseline::{self, BaselineArgs};
+use super::broker_process::BrokerSeries;
+use super::cost::Cost;
+use super::steady::{Load, Measured, broker_name, trial};
+use super::{Spread, Target, bridge_description, ms, print_report, print_targets};
+
+/// `bench capacity` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The first rate tried, msg/s.
+    #[arg(long, default_value_t = 500.0)]
+    from: f64,
+    /// No rate above this is tried, msg/s.
+    #[arg(long, default_value_t = 16_000.0)]
+    ceiling: f64,
+    /// How long each run publishes, seconds.
+    #[arg(long, default_value_t = 15.0)]
+    seconds: f64,
+    /// The search stops when the first missing rate is within this share above the last
+    /// passing one.
+    #[arg(long, default_value_t = 0.1)]
+    resolution: f64,
+    /// The p99 lateness a run may have, ms.
+    #[arg(long, default_value_t = 10.0)]
+    p99_limit_ms: f64,
+    /// The shortest delay.
+    #[arg(long, default_value = "1s")]
+    min_delay: String,
+    /// The longest delay.
+    #[arg(long, default_value = "20s")]
+    max_delay: String,
+    /// Body size, bytes (at least 16).
+    #[arg(long, default_value_t = 100)]
+    body_size: usize,
+    #[command(flatten)]
+    baseline: BaselineArgs,
+}
+
+/// The capacity (msg/s) measured on the 2-core reference machine before any change made
+/// for it (`bash scripts/bench.sh capacity`, the median of three runs); the target is
+/// twice that.
+const BEFORE_3X: f64 = 0.0;
+const BEFORE_4X: f64 = 0.0;
+
+/// The capacity target's factor over the figure before.
+const TARGET_FACTOR: f64 = 2.0;
+
+/// A run passes when it achieved the asked rate (to 1%), lost nothing, and its p99
+/// lateness is within the limit.
+fn passes(m: &Measured, rate: f64, p99_limit_ms: f64) -> bool {
+    let p99 = Spread::of(&m.arrivals.lateness_us).map_or(i64::MAX, |s| s.p99);
+    m.arrivals.missing() == 0
+        && m.achieved_rate >= 0.99 * rate
+        && (p99 as f64) <= p99_limit_ms * 1000.0
+}
+
+/// One run's line in the report.
+fn row(rate: f64, m: &Measured, pass: bool) -> String {
+    let spread = Spread::of(&m.arrivals.lateness_us);
+    let (p99, max) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
+    let broker = m
+        .cost
+        .broker_us()
+        .map_or_else(|| "-".into(), |us| format!("{us:.0}"));
+    format!(
+        "{:>8.0} {:>9.0} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10.0} {:>9} {}",
+        rate,
+        m.achieved_rate,
+        ms(p99),
+        ms(max),
+        m.arrivals.missing(),
+        m.arrivals.duplicates,
+        broker,
+        m.cost.bridge_us(),
+        m.machine_busy.split(' ').next().unwrap_or(""),
+        if pass { "pass" } else { "miss" },
+    )
+}
+
+/// One run in the JSON report.
+fn run_json(rate: f64, m: &Measured, pass: bool) -> serde_json::Value {
+    json!({
+        "rate": rate, "pass": pass, "achieved_rate": m.achieved_rate.round(),
+        "lateness": Spread::of(&m.arrivals.lateness_us).map(|s| s.json()),
+        "missing": m.arrivals.missing(), "duplicates": m.arrivals.duplicates,
+        "cost": m.cost.json(),
+    })
+}
+
+pub async fn run(base: &Config, args: &Args) -> Result<()> {
+    let min = parse_duration(&args.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
+    let max = parse_duration(&args.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
+    anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
+    anyhow::ensure!(
+        args.from > 0.0 && args.ceiling >= args.from && args.seconds > 0.0,
+        "--from, --ceiling and --seconds must be > 0, --ceiling at least --from"
+    );
+    anyhow::ensure!(args.resolution > 0.0, "--resolution must be > 0");
+    let first = args
+        .baseline
+        .measure(base, args.body_size, args.from)
+        .await?;
+
+    println!(
+        "capacity: the highest steady rate with p99 lateness <= {} ms, nothing missing, the rate achieved; runs of {} s, delays uniform over [{}, {}], body {} B",
+        args.p99_limit_ms,
+        args.seconds,
+        format_duration(min),
+        format_duration(max),
+        args.body_size
+    );
+    println!("bridge: {}", bridge_description());
+    println!("broker: {} ({})", base.url(), broker_name(&first));
+    println!(
+        "{:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>9}",
+        "asked/s",
+        "achieved",
+        "p99 ms",
+        "max ms",
+        "missing",
+        "dups",
+        "broker us",
+        "bridge us",
+        "machine"
+    );
+    let load = |rate: f64| Load {
+        rate,
+        count: (rate * args.seconds).round().max(1.0) as u64,
+        min,
+        max,
+        body_size: args.body_size,
+    };
+    let mut runs = Vec::new();
+    let mut passing: Option<(f64, Measured)> = None;
+    let mut missing_at: Option<f64> = None;
+    let mut rate = args.from;
+    // Doubling, or halving while even the first rate misses.
+    loop {
+        let m = trial(base, &first, &load(rate)).await?;
+        let pass = passes(&m, rate, args.p99_limit_ms);
+        println!("{}", row(rate, &m, pass));
+        runs.push(run_json(rate, &m, pass));
+        if pass {
+            passing = Some((rate, m));
+            if missing_at.is_some() || rate * 2.0 > args.ceiling {
+                break;
+            }
+            rate *= 2.0;
+        } else {
+            missing_at = Some(rate);
+            if passing.is_some() || rate / 2.0 < 1.0 {
+                break;
+            }
+            rate /= 2.0;
+        }
+    }
+    // Bisect between the last passing and the first missing rate.
+    while let (Some((low, _)), Some(high)) = (&passing, missing_at) {
+        if high <= low * (1.0 + args.resolution) {
+            break;
+        }
+        let rate = (low * high).sqrt().round();
+        let m = trial(base, &first, &load(rate)).await?;
+        let pass = passes(&m, rate, args.p99_limit_ms);
+        println!("{}", row(rate, &m, pass));
+        runs.push(run_json(rate, &m, pass));
+        if pass {
+            passing = Some((rate, m));
+        } else {
+            missing_at = Some(rate);
+        }
+    }
+
+    let capacity = passing.as_ref().map_or(0.0, |(rate, _)| *rate);
+    // The cost at the capacity, beside one plain transit at that rate.
+    let at_capacity = match &passing {
+        Some((rate, m)) => {
+            let plain = baseline::measure(
+                base,
+                1,
+                args.body_size,
+                *rate,
+                args.baseline.baseline_paced_seconds,
+            )
+            .await?;
+            Some((
+                Cost {
+                    baseline_broker_us: plain.broker_us_per_message(),
+                    ..m.cost
+                },
+                m.bridge,
+            ))
+        }
+        None => None,
+    };
+    println!("{}", first.line());
+    println!(
+        "capacity: {capacity:.0} msg/s ({:.2}x the baseline's flat-out rate)",
+        capacity / first.rate.max(1e-9)
+    );
+    if let Some((cost, _)) = &at_capacity {
+        println!("at capacity, {}", cost.line());
+    }
+    let series = first
+        .broker
+        .as_ref()
+        .map_or(BrokerSeries::Unknown, |b| b.series());
+    let before = match series {
+        BrokerSeries::Three => Some(BEFORE_3X),
+        BrokerSeries::FourOrLater => Some(BEFORE_4X),
+        BrokerSeries::Unknown => None,
+    }
+    .filter(|before| *before > 0.0);
+    let mut targets = vec![match before {
+        Some(before) => Target::new(
+            format!("capacity >= {TARGET_FACTOR}x before ({before:.0} msg/s)"),
+            format!("{capacity:.0} msg/s"),
+            capacity >= TARGET_FACTOR * before,
+        ),
+        None => Target::new(
+            format!("capacity >= {TARGET_FACTOR}x before"),
+            format!("{capacity:.0} msg/s (no figure before for this broker)"),
+            false,
+        ),
+    }];
+    if let Some((cost, _)) = &at_capacity {
+        targets.push(cost.broker_target());
+    }
+    print_targets(&targets);
+    let report = json!({
+        "scenario": "capacity",
+        "bridge": bridge_description(),
+        "baseline": first.json(),
+        "p99_limit_ms": args.p99_limit_ms, "seconds": args.seconds,
+        "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
+        "capacity_msg_per_s": capacity,
+        "cost_at_capacity": at_capacity.as_ref().map(|(cost, _)| cost.json()),
+        "runs": runs,
+    });
+    let usage = at_capacity.map(|(_, usage)| usage);
+    match usage {
+        Some(usage) => print_report(report, &targets, &usage, "start", None),
+        None => println!("{report}"),
+    }
+    Ok(())
+}
