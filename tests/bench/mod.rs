@@ -67,6 +67,26 @@ fn assert_targets(json: &Value, expected: usize) {
     }
 }
 
+/// The target whose name starts with `name`.
+fn target<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .find(|t| t["target"].as_str().is_some_and(|t| t.starts_with(name)))
+        .unwrap_or_else(|| panic!("no target `{name}`: {json}"))
+}
+
+/// CPU per message of the broker process (found on this machine) and of the bridge.
+fn assert_cost(cost: &Value) {
+    assert!(
+        cost["broker_cpu_us_per_msg"].as_f64().is_some(),
+        "the broker process was not found: {cost}"
+    );
+    assert!(cost["baseline_broker_cpu_us_per_msg"].as_f64().is_some());
+    assert!(cost["bridge_cpu_us_per_msg"].as_f64().is_some());
+}
+
 /// A baseline measured in the same run, with a throughput and latencies.
 fn assert_baseline(json: &Value) {
     let baseline = &json["baseline"];
@@ -116,8 +136,50 @@ async fn bench_steady_smoke() {
     assert_eq!(json["early"], 0, "never delivered before its due time");
     assert_eq!(json["lateness"]["count"], 200);
     assert!(json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0);
-    assert_targets(&json, 3);
-    assert_eq!(json["targets"][2]["verdict"], "PASS", "{json}");
+    assert_cost(&json["cost"]);
+    // A max-lateness target on 3.x only.
+    let targets = json["targets"].as_array().expect("targets").len();
+    assert!(targets == 5 || targets == 6, "{json}");
+    assert_targets(&json, targets);
+    assert_eq!(target(&json, "every message once")["verdict"], "PASS");
+    assert!(target(&json, "broker CPU per message")["measured"].is_string());
+}
+
+#[tokio::test]
+async fn bench_capacity_smoke() {
+    // A lenient limit: the smoke test checks the search, not this machine's precision.
+    let mut args = vec![
+        "capacity",
+        "--from",
+        "100",
+        "--ceiling",
+        "200",
+        "--seconds",
+        "1",
+        "--min-delay",
+        "1s",
+        "--max-delay",
+        "2s",
+        "--p99-limit-ms",
+        "5000",
+    ];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    let runs = json["runs"].as_array().expect("runs");
+    let rates: Vec<f64> = runs.iter().map(|r| r["rate"].as_f64().unwrap()).collect();
+    assert_eq!(
+        rates,
+        vec![100.0, 200.0],
+        "doubling up to the ceiling: {json}"
+    );
+    for run in runs {
+        assert_eq!(run["missing"], 0, "{json}");
+        assert_eq!(run["pass"], true, "{json}");
+    }
+    assert_eq!(json["capacity_msg_per_s"], 200.0);
+    assert_cost(&json["cost_at_capacity"]);
+    assert_targets(&json, 2);
 }
 
 #[tokio::test]
@@ -133,8 +195,9 @@ async fn bench_burst_smoke() {
         json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0,
         "none early"
     );
-    assert_targets(&json, 2);
-    assert_eq!(json["targets"][1]["verdict"], "PASS", "{json}");
+    assert_cost(&json["cost"]);
+    assert_targets(&json, 3);
+    assert_eq!(target(&json, "every message once")["verdict"], "PASS");
 }
 
 #[tokio::test]
@@ -145,6 +208,7 @@ async fn bench_hop_smoke() {
     assert_baseline(&json);
     assert_eq!(json["in_levels"], 500, "{json}");
     assert!(json["hops_per_s"].as_f64().unwrap() > 0.0);
+    assert_cost(&json["cost"]);
     assert_targets(&json, 1);
     assert_eq!(json["targets"][0]["verdict"], "PASS");
 }
