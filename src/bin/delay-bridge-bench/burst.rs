@@ -12,7 +12,7 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 
 use super::baseline::{Baseline, BaselineArgs};
-use super::cost::{Cost, broker_cpu_now};
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
@@ -180,9 +180,7 @@ async fn measure(
         bridge: start.until(&end),
         cost: Cost {
             messages: count,
-            broker_cpu: broker_start
-                .zip(broker_end)
-                .map(|(a, b)| b.saturating_sub(a)),
+            broker_cpu: broker_cpu_between(broker_start, broker_end),
             baseline_broker_us: baseline.flat_broker_us_per_message(),
             bridge_cpu: start.until(&end).cpu,
         },

@@ -8,12 +8,12 @@ use anyhow::Result;
 use serde_json::json;
 
 use delay_bridge::config::Config;
-use delay_bridge::ladder::{format_duration, parse_duration};
+use delay_bridge::ladder::format_duration;
 
 use super::baseline::{self, BaselineArgs};
 use super::broker_process::BrokerSeries;
 use super::cost::Cost;
-use super::steady::{Load, Measured, broker_name, trial};
+use super::steady::{Load, Measured, Shape, broker_name, trial};
 use super::{Spread, Target, bridge_description, ms, print_report, print_targets};
 
 /// `bench capacity` options.
@@ -35,15 +35,8 @@ pub struct Args {
     /// The p99 lateness a run may have, ms.
     #[arg(long, default_value_t = 10.0)]
     p99_limit_ms: f64,
-    /// The shortest delay.
-    #[arg(long, default_value = "1s")]
-    min_delay: String,
-    /// The longest delay.
-    #[arg(long, default_value = "20s")]
-    max_delay: String,
-    /// Body size, bytes (at least 16).
-    #[arg(long, default_value_t = 100)]
-    body_size: usize,
+    #[command(flatten)]
+    shape: Shape,
     #[command(flatten)]
     baseline: BaselineArgs,
 }
@@ -64,6 +57,59 @@ fn passes(m: &Measured, rate: f64, p99_limit_ms: f64) -> bool {
     m.arrivals.missing() == 0
         && m.achieved_rate >= 0.99 * rate
         && (p99 as f64) <= p99_limit_ms * 1000.0
+}
+
+/// Which rate to try next: pure, from the verdicts so far. The rate doubles from the first
+/// while runs pass (halves while they miss), then the highest passing and the lowest
+/// missing rate are bisected geometrically until they are within `resolution`.
+#[derive(Debug, Clone)]
+struct RateSearch {
+    ceiling: f64,
+    resolution: f64,
+    /// The highest rate that passed.
+    passing: Option<f64>,
+    /// The lowest rate that missed.
+    missing: Option<f64>,
+    next: Option<f64>,
+}
+
+impl RateSearch {
+    fn new(from: f64, ceiling: f64, resolution: f64) -> Self {
+        Self {
+            ceiling,
+            resolution,
+            passing: None,
+            missing: None,
+            next: Some(from),
+        }
+    }
+
+    /// The next rate to try, or `None` when the search is over.
+    fn next(&self) -> Option<f64> {
+        self.next
+    }
+
+    /// The verdict of a run at `rate`.
+    fn record(&mut self, rate: f64, pass: bool) {
+        if pass {
+            self.passing = Some(self.passing.map_or(rate, |p| p.max(rate)));
+        } else {
+            self.missing = Some(self.missing.map_or(rate, |m| m.min(rate)));
+        }
+        self.next = match (self.passing, self.missing) {
+            (Some(low), None) => Some(low * 2.0).filter(|r| *r <= self.ceiling),
+            (None, Some(high)) => Some(high / 2.0).filter(|r| *r >= 1.0),
+            (Some(low), Some(high)) if high > low * (1.0 + self.resolution) => {
+                Some((low * high).sqrt().round())
+            }
+            _ => None,
+        };
+    }
+
+    /// The highest rate that passed (0 if none did).
+    fn capacity(&self) -> f64 {
+        self.passing.unwrap_or(0.0)
+    }
 }
 
 /// One run's line in the report.
@@ -100,9 +146,7 @@ fn run_json(rate: f64, m: &Measured, pass: bool) -> serde_json::Value {
 }
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
-    let min = parse_duration(&args.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
-    let max = parse_duration(&args.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
-    anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
+    let (min, max) = args.shape.delays()?;
     anyhow::ensure!(
         args.from > 0.0 && args.ceiling >= args.from && args.seconds > 0.0,
         "--from, --ceiling and --seconds must be > 0, --ceiling at least --from"
@@ -110,7 +154,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     anyhow::ensure!(args.resolution > 0.0, "--resolution must be > 0");
     let first = args
         .baseline
-        .measure(base, args.body_size, args.from)
+        .measure(base, args.shape.body_size, args.from)
         .await?;
 
     println!(
@@ -119,7 +163,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         args.seconds,
         format_duration(min),
         format_duration(max),
-        args.body_size
+        args.shape.body_size
     );
     println!("bridge: {}", bridge_description());
     println!("broker: {} ({})", base.url(), broker_name(&first));
@@ -140,57 +184,30 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         count: (rate * args.seconds).round().max(1.0) as u64,
         min,
         max,
-        body_size: args.body_size,
+        body_size: args.shape.body_size,
     };
     let mut runs = Vec::new();
+    let mut search = RateSearch::new(args.from, args.ceiling, args.resolution);
     let mut passing: Option<(f64, Measured)> = None;
-    let mut missing_at: Option<f64> = None;
-    let mut rate = args.from;
-    // Doubling, or halving while even the first rate misses.
-    loop {
+    while let Some(rate) = search.next() {
         let m = trial(base, &first, &load(rate)).await?;
         let pass = passes(&m, rate, args.p99_limit_ms);
         println!("{}", row(rate, &m, pass));
         runs.push(run_json(rate, &m, pass));
-        if pass {
+        search.record(rate, pass);
+        if pass && search.capacity() == rate {
             passing = Some((rate, m));
-            if missing_at.is_some() || rate * 2.0 > args.ceiling {
-                break;
-            }
-            rate *= 2.0;
-        } else {
-            missing_at = Some(rate);
-            if passing.is_some() || rate / 2.0 < 1.0 {
-                break;
-            }
-            rate /= 2.0;
-        }
-    }
-    // Bisect between the last passing and the first missing rate.
-    while let (Some((low, _)), Some(high)) = (&passing, missing_at) {
-        if high <= low * (1.0 + args.resolution) {
-            break;
-        }
-        let rate = (low * high).sqrt().round();
-        let m = trial(base, &first, &load(rate)).await?;
-        let pass = passes(&m, rate, args.p99_limit_ms);
-        println!("{}", row(rate, &m, pass));
-        runs.push(run_json(rate, &m, pass));
-        if pass {
-            passing = Some((rate, m));
-        } else {
-            missing_at = Some(rate);
         }
     }
 
-    let capacity = passing.as_ref().map_or(0.0, |(rate, _)| *rate);
+    let capacity = search.capacity();
     // The cost at the capacity, beside one plain transit at that rate.
     let at_capacity = match &passing {
         Some((rate, m)) => {
             let plain = baseline::measure(
                 base,
                 1,
-                args.body_size,
+                args.shape.body_size,
                 *rate,
                 args.baseline.baseline_paced_seconds,
             )
@@ -255,4 +272,45 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         None => println!("{report}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateSearch;
+
+    /// The rates a search tries when every rate up to `limit` passes.
+    fn tried(from: f64, ceiling: f64, limit: f64) -> (Vec<f64>, f64) {
+        let mut search = RateSearch::new(from, ceiling, 0.1);
+        let mut rates = Vec::new();
+        while let Some(rate) = search.next() {
+            rates.push(rate);
+            search.record(rate, rate <= limit);
+        }
+        (rates, search.capacity())
+    }
+
+    #[test]
+    fn doubles_then_bisects_to_the_resolution() {
+        let (rates, capacity) = tried(500.0, 16_000.0, 2600.0);
+        assert_eq!(
+            rates,
+            vec![500.0, 1000.0, 2000.0, 4000.0, 2828.0, 2378.0, 2593.0]
+        );
+        assert_eq!(capacity, 2593.0);
+    }
+
+    #[test]
+    fn halves_while_the_first_rate_misses() {
+        let (rates, capacity) = tried(500.0, 16_000.0, 150.0);
+        assert_eq!(rates, vec![500.0, 250.0, 125.0, 177.0, 149.0, 162.0]);
+        assert_eq!(capacity, 149.0);
+    }
+
+    #[test]
+    fn stops_at_the_ceiling_and_at_nothing_passing() {
+        assert_eq!(tried(100.0, 200.0, 1e9), (vec![100.0, 200.0], 200.0));
+        let (rates, capacity) = tried(4.0, 8.0, 0.0);
+        assert_eq!(rates, vec![4.0, 2.0, 1.0]);
+        assert_eq!(capacity, 0.0);
+    }
 }

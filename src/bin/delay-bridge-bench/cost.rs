@@ -35,6 +35,11 @@ pub fn broker_cpu_now(baseline: &Baseline) -> anyhow::Result<Option<Duration>> {
     baseline.broker.as_ref().map(BrokerProcess::cpu).transpose()
 }
 
+/// The CPU time between two readings of [`broker_cpu_now`] (`None` unless both were read).
+pub fn broker_cpu_between(start: Option<Duration>, end: Option<Duration>) -> Option<Duration> {
+    start.zip(end).map(|(a, b)| b.saturating_sub(a))
+}
+
 impl Cost {
     /// The broker's CPU per message, µs.
     pub fn broker_us(&self) -> Option<f64> {

@@ -16,7 +16,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::plan::{Step, next_step};
 
 use super::baseline::{Baseline, BaselineArgs};
-use super::cost::{Cost, broker_cpu_now};
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
@@ -172,9 +172,7 @@ async fn measure(
         bridge: ready.until(&end),
         cost: Cost {
             messages: count,
-            broker_cpu: broker_start
-                .zip(broker_end)
-                .map(|(a, b)| b.saturating_sub(a)),
+            broker_cpu: broker_cpu_between(broker_start, broker_end),
             baseline_broker_us: baseline.flat_broker_us_per_message(),
             bridge_cpu: ready.until(&end).cpu,
         },

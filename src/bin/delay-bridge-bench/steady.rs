@@ -15,7 +15,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 
 use super::baseline::{Baseline, BaselineArgs};
 use super::broker_process::{BrokerProcess, BrokerSeries};
-use super::cost::{Cost, broker_cpu_now};
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, ms, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
@@ -32,6 +32,15 @@ pub struct Args {
     /// How long to publish, seconds.
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
+    #[command(flatten)]
+    shape: Shape,
+    #[command(flatten)]
+    baseline: BaselineArgs,
+}
+
+/// The delays and bodies of a steady load (`steady` and `capacity`).
+#[derive(Debug, clap::Args)]
+pub struct Shape {
     /// The shortest delay.
     #[arg(long, default_value = "1s")]
     min_delay: String,
@@ -40,9 +49,19 @@ pub struct Args {
     max_delay: String,
     /// Body size, bytes (at least 16).
     #[arg(long, default_value_t = 100)]
-    body_size: usize,
-    #[command(flatten)]
-    baseline: BaselineArgs,
+    pub body_size: usize,
+}
+
+impl Shape {
+    /// The shortest and longest delay.
+    pub fn delays(&self) -> Result<(Duration, Duration)> {
+        let min =
+            parse_duration(&self.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
+        let max =
+            parse_duration(&self.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
+        anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
+        Ok((min, max))
+    }
 }
 
 /// Targets of the performance table (README) on the 2-core reference machine: p99 and max
@@ -54,9 +73,7 @@ const MAX_LIMIT_MS: f64 = 50.0;
 const ACHIEVED_SHARE: f64 = 0.99;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
-    let min = parse_duration(&args.min_delay).map_err(|e| anyhow::anyhow!("--min-delay: {e}"))?;
-    let max = parse_duration(&args.max_delay).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?;
-    anyhow::ensure!(min <= max, "--min-delay must not exceed --max-delay");
+    let (min, max) = args.shape.delays()?;
     anyhow::ensure!(
         args.rate > 0.0 && args.seconds > 0.0,
         "--rate and --seconds must be > 0"
@@ -65,14 +82,14 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 
     let baseline = args
         .baseline
-        .measure(base, args.body_size, args.rate)
+        .measure(base, args.shape.body_size, args.rate)
         .await?;
     let load = Load {
         rate: args.rate,
         count,
         min,
         max,
-        body_size: args.body_size,
+        body_size: args.shape.body_size,
     };
     let m = trial(base, &baseline, &load).await?;
 
@@ -82,7 +99,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         args.seconds,
         format_duration(min),
         format_duration(max),
-        args.body_size
+        args.shape.body_size
     );
     println!("bridge: {}", bridge_description());
     println!("broker: {} ({})", base.url(), broker_name(&baseline));
@@ -257,9 +274,7 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
         bridge,
         cost: Cost {
             messages: count,
-            broker_cpu: broker_start
-                .zip(broker_end)
-                .map(|(a, b)| b.saturating_sub(a)),
+            broker_cpu: broker_cpu_between(broker_start, broker_end),
             baseline_broker_us: baseline.broker_us_per_message(),
             bridge_cpu: bridge.cpu,
         },
