@@ -231,6 +231,12 @@ pub struct RawBridge {
     pub target_full_timeout: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redelivery_limit: Option<u32>,
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hop_window: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_unacked_bytes: Option<u64>,
 }
@@ -630,6 +636,10 @@ pub struct Config {
     pub confirm_timeout: Duration,
     /// How long a target may refuse (nack) a message before it is parked `target-full`.
     pub target_full_timeout: Duration,
+    /// Hops wait for the next multiple of this on the wall clock, so that the hops of a
+    /// window reach each level together and expire together: the broker then handles them
+    /// in batches (zero: hop at once). Deliveries never wait for it.
+    pub hop_window: Duration,
     /// A work-queue delivery redelivered this many times without being settled is parked
     /// `redelivery-limit` (counted by quorum queues, and by the bridge process itself).
     pub redelivery_limit: u32,
@@ -678,6 +688,11 @@ pub mod defaults {
     pub const TARGET_FULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
     /// `bridge.redelivery_limit`
     pub const REDELIVERY_LIMIT: u32 = 40;
+    /// `bridge.hop_window`
+    pub const HOP_WINDOW: Duration = Duration::from_millis(20);
+    /// `bridge.hop_window` may be at most this: a hop waiting for its window holds its
+    /// delivery unacked.
+    pub const MAX_HOP_WINDOW: Duration = Duration::from_secs(1);
     /// `bridge.redelivery_limit` must stay below the quorum work queue's own
     /// `x-delivery-limit` (50), which dead-letters without a reason.
     pub const MAX_REDELIVERY_LIMIT: u32 = 49;
@@ -896,6 +911,14 @@ impl RawConfig {
             .bridge
             .target_full_timeout
             .unwrap_or(defaults::TARGET_FULL_TIMEOUT);
+        let hop_window = self.bridge.hop_window.unwrap_or(defaults::HOP_WINDOW);
+        if hop_window > defaults::MAX_HOP_WINDOW {
+            return Err(invalid(
+                "bridge.hop_window",
+                crate::ladder::format_duration(hop_window),
+                "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
+            ));
+        }
         let redelivery_limit = count_key(
             "bridge.redelivery_limit",
             self.bridge.redelivery_limit,
@@ -978,6 +1001,7 @@ impl RawConfig {
             shutdown_timeout,
             confirm_timeout,
             target_full_timeout,
+            hop_window,
             redelivery_limit,
             max_unacked_bytes,
             cancel_grace,
@@ -1105,6 +1129,7 @@ impl Config {
                 confirm_timeout: Some(self.confirm_timeout),
                 target_full_timeout: Some(self.target_full_timeout),
                 redelivery_limit: Some(self.redelivery_limit),
+                hop_window: Some(self.hop_window),
                 max_unacked_bytes: Some(self.max_unacked_bytes),
             },
             cancel: RawCancel {
@@ -1178,7 +1203,7 @@ mod tests {
              [delays]\nladder = \"1s 5s 1m30s\"\nmargin = \"120ms\"\nmax_delay = \"30d\"\n\
              [bridge]\nprefetch = 100\nworker_threads = 2\nshutdown_timeout = \"3s\"\n\
              confirm_timeout = \"7s 500us\"\ntarget_full_timeout = \"90s\"\n\
-             redelivery_limit = 7\nmax_unacked_bytes = 1048576\n\
+             redelivery_limit = 7\nmax_unacked_bytes = 1048576\nhop_window = \"0s\"\n\
              [cancel]\ngrace = \"2h\"\n{MINIMAL}\
              [[route]]\ningress = \"b.in\"\ntarget = \"b\"\n"
         );
@@ -1384,6 +1409,7 @@ mod tests {
                 "bridge.max_unacked_bytes",
                 "0",
             ),
+            ("[bridge]\nhop_window = \"2s\"\n", "bridge.hop_window", "2s"),
         ];
         for (extra, key, value) in cases {
             let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();

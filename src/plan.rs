@@ -93,6 +93,17 @@ pub fn hop_stats(
     }
 }
 
+/// The start of the next hop window at or after `now_ms` (epoch ms): the next multiple of
+/// `window` on the wall clock, so that every bridge instance and every message share the
+/// same boundaries. A zero window is no window: `now_ms` itself.
+pub fn hop_window_end(now_ms: u64, window: Duration) -> u64 {
+    let window_ms = window.as_millis() as u64;
+    if window_ms == 0 {
+        return now_ms;
+    }
+    now_ms.div_ceil(window_ms) * window_ms
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +223,18 @@ mod tests {
                 prop_assert!(hop_count(&steps) as u64 <= worst);
             }
         }
+    }
+
+    #[test]
+    fn hops_wait_for_the_next_multiple_of_the_window() {
+        let window = Duration::from_millis(20);
+        assert_eq!(
+            hop_window_end(1_000, window),
+            1_000,
+            "on a boundary: at once"
+        );
+        assert_eq!(hop_window_end(1_001, window), 1_020);
+        assert_eq!(hop_window_end(1_019, window), 1_020);
+        assert_eq!(hop_window_end(1_234, Duration::ZERO), 1_234, "no window");
     }
 }

@@ -23,7 +23,7 @@ use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
     hop_properties, parked_properties,
 };
-use crate::plan::{Step, next_step};
+use crate::plan::{Step, hop_window_end, next_step};
 
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
@@ -258,11 +258,22 @@ impl Carrier {
             envelope,
             read_at,
         } = moving;
+        let mut in_window = config.hop_window.is_zero();
         loop {
             if self.cancelled(envelope) {
                 return Outcome::Done;
             }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
+                // A hop waits for its window to end, then plans again: the hops of one
+                // window reach each level together, and the broker handles them together.
+                Step::Hop(_) if !in_window => {
+                    in_window = true;
+                    let end = hop_window_end(now_ms(), config.hop_window);
+                    tokio::select! {
+                        _ = tokio::time::sleep(until_epoch_ms(end)) => continue,
+                        _ = self.stop.cancelled() => return Outcome::Release,
+                    }
+                }
                 // Boxed: the task's own future is then only as large as its hold, which is
                 // where most deliveries wait.
                 Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
