@@ -689,7 +689,7 @@ pub mod defaults {
     /// `bridge.redelivery_limit`
     pub const REDELIVERY_LIMIT: u32 = 40;
     /// `bridge.hop_window`
-    pub const HOP_WINDOW: Duration = Duration::from_millis(20);
+    pub const HOP_WINDOW: Duration = Duration::ZERO;
     /// `bridge.hop_window` may be at most this: a hop waiting for its window holds its
     /// delivery unacked.
     pub const MAX_HOP_WINDOW: Duration = Duration::from_secs(1);
