@@ -169,6 +169,7 @@ async fn measure(
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
     let broker_end = broker_cpu_now(baseline)?;
+    let bridge = start.until(&end);
     process.stop().await?;
     let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
@@ -177,12 +178,12 @@ async fn measure(
         arrivals,
         due_ms,
         published_us: (published.started_us, published.confirmed_us),
-        bridge: start.until(&end),
+        bridge,
         cost: Cost {
             messages: count,
             broker_cpu: broker_cpu_between(broker_start, broker_end),
             baseline_broker_us: baseline.flat_broker_us_per_message(),
-            bridge_cpu: start.until(&end).cpu,
+            bridge_cpu: bridge.cpu,
         },
     })
 }

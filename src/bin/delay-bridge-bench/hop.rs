@@ -163,18 +163,19 @@ async fn measure(
     let seconds = started.elapsed().as_secs_f64();
     let end = process.usage()?;
     let broker_end = broker_cpu_now(baseline)?;
+    let bridge = ready.until(&end);
     let in_levels = sandbox.pending_in_levels().await?;
     process.stop().await?;
     Ok(Measured {
         seconds,
         levels,
         in_levels,
-        bridge: ready.until(&end),
+        bridge,
         cost: Cost {
             messages: count,
             broker_cpu: broker_cpu_between(broker_start, broker_end),
             baseline_broker_us: baseline.flat_broker_us_per_message(),
-            bridge_cpu: ready.until(&end).cpu,
+            bridge_cpu: bridge.cpu,
         },
     })
 }
