@@ -446,42 +446,35 @@ impl Client {
             short("exchange", exchange)?,
             short("routing key", routing_key)?,
         );
-        let publisher =
-            self.channels
-                .get(exchange)
-                .await
-                .map_err(|source| ClientError::Broker {
-                    what: "opening a channel",
-                    source,
-                })?;
+        let refused = |what: &'static str, source: lapin::Error| {
+            if amqp::reply_code(&source) == Some(404) {
+                ClientError::ExchangeMissing {
+                    exchange: exchange.to_string(),
+                }
+            } else if let Some(broker) = amqp::size_refusal(&source) {
+                ClientError::TooLarge {
+                    bytes: body.len(),
+                    broker,
+                }
+            } else {
+                ClientError::Broker { what, source }
+            }
+        };
+        // Opening the exchange's channel checks that the exchange exists (a 404 here).
+        let publisher = self
+            .channels
+            .get(exchange)
+            .await
+            .map_err(|source| refused("opening a channel", source))?;
         publisher
             .publish(exchange_name, key, body, properties)
             .await
-            .map_err(|error| {
-                let source = match error {
-                    PublishError::Broker(source) => source,
-                    PublishError::ConfirmTimeout(timeout) => {
-                        return ClientError::Unconfirmed {
-                            exchange: exchange.to_string(),
-                            timeout,
-                        };
-                    }
-                };
-                if amqp::reply_code(&source) == Some(404) {
-                    ClientError::ExchangeMissing {
-                        exchange: exchange.to_string(),
-                    }
-                } else if let Some(broker) = amqp::size_refusal(&source) {
-                    ClientError::TooLarge {
-                        bytes: body.len(),
-                        broker,
-                    }
-                } else {
-                    ClientError::Broker {
-                        what: "publishing",
-                        source,
-                    }
-                }
+            .map_err(|error| match error {
+                PublishError::Broker(source) => refused("publishing", source),
+                PublishError::ConfirmTimeout(timeout) => ClientError::Unconfirmed {
+                    exchange: exchange.to_string(),
+                    timeout,
+                },
             })
     }
 }

@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::options::BasicPublishOptions;
-use lapin::types::ShortString;
+use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionStatus};
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -63,6 +63,22 @@ impl Publisher {
     #[cfg(test)]
     pub fn channel_id(&self) -> u16 {
         self.channel.id()
+    }
+
+    /// Passively declares `exchange`: `Ok` when it exists. A missing one is a 404 channel
+    /// error, and the broker closes this channel.
+    pub async fn check_exchange(&self, exchange: &str) -> Result<(), lapin::Error> {
+        self.channel
+            .exchange_declare(
+                exchange.into(),
+                lapin::ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
     }
 
     /// Closes the channel (publishes still waiting fail).

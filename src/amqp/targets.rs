@@ -5,10 +5,17 @@
 //! only publishes to that same target fail; a closed channel is replaced on next use.
 //! Private channels for single publishes are few at a time, so that a burst of refusals
 //! cannot run the connection out of channels.
+//!
+//! A target's channel is used only once a passive declare on it found the exchange: lapin
+//! answers the broker's `channel.close` with `close-ok` ahead of the publish frames it still
+//! has queued for that channel, and the broker closes the whole connection for a publish on
+//! a closed channel ("expected 'channel.open'"). A burst to a missing target would otherwise
+//! cost the session; now it costs one passive declare, whose refusal every publish waiting
+//! for that channel shares.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::Connection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -24,14 +31,21 @@ pub struct TargetChannels {
     channels: Mutex<HashMap<String, Publisher>>,
     /// One async lock per target, taken only to open its channel, so that thousands of
     /// deliveries to a target that has no channel yet open one between them, not one each
-    /// (which ran the connection out of channels in a burst).
-    opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// (which ran the connection out of channels in a burst). It holds the last opening's
+    /// failure, which every caller that waited for that opening shares.
+    opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<FailedOpening>>>>>,
     /// Permits for private channels: at most [`ISOLATED_AT_ONCE`] open at a time.
     isolated: Arc<Semaphore>,
 }
 
 /// Private single-publish channels open at once, at most (a connection has 2047).
 pub const ISOLATED_AT_ONCE: usize = 16;
+
+/// Why a target's channel could not be opened, and when that was known.
+struct FailedOpening {
+    at: Instant,
+    error: lapin::Error,
+}
 
 /// A private confirm channel for one publish, counted against [`ISOLATED_AT_ONCE`] until
 /// it is closed.
@@ -65,29 +79,56 @@ impl TargetChannels {
         }
     }
 
-    /// The open channel for `target`, opening a new one if there is none or it was closed.
-    /// Concurrent callers for the same target share one opening.
-    pub async fn get(&self, target: &str) -> Result<Publisher, lapin::Error> {
-        if let Some(channel) = self.open_channel(target) {
+    /// The open channel for `key`, opening a new one if there is none or it was closed.
+    /// A non-empty `key` is a target exchange: a new channel is used only after a passive
+    /// declare on it found that exchange (a 404 here is the target's refusal, and the
+    /// broker closed only that channel, with nothing queued on it). The empty key is the
+    /// bridge's own channel ([`adopt`](Self::adopt)ed), which needs no check. Concurrent
+    /// callers for the same key share one opening, and its failure.
+    pub async fn get(&self, key: &str) -> Result<Publisher, lapin::Error> {
+        if let Some(channel) = self.open_channel(key) {
             return Ok(channel);
         }
+        let asked = Instant::now();
         let opening = self
             .opening
             .lock()
             .expect("target opening lock")
-            .entry(target.to_string())
+            .entry(key.to_string())
             .or_default()
             .clone();
-        let _opener = opening.lock().await;
-        // Whoever held the lock before us may have opened it.
-        if let Some(channel) = self.open_channel(target) {
+        let mut last_failure = opening.lock().await;
+        // Whoever held the lock before us may have opened it, or found it cannot be opened.
+        if let Some(channel) = self.open_channel(key) {
             return Ok(channel);
         }
-        let opened = Publisher::open(&self.connection, self.confirm_timeout).await?;
+        if let Some(failed) = last_failure.as_ref().filter(|failed| failed.at >= asked) {
+            return Err(failed.error.clone());
+        }
+        let opened = match self.open_checked(key).await {
+            Ok(opened) => opened,
+            Err(error) => {
+                *last_failure = Some(FailedOpening {
+                    at: Instant::now(),
+                    error: error.clone(),
+                });
+                return Err(error);
+            }
+        };
+        *last_failure = None;
         self.channels
             .lock()
             .expect("target channels lock")
-            .insert(target.to_string(), opened.clone());
+            .insert(key.to_string(), opened.clone());
+        Ok(opened)
+    }
+
+    /// A new confirm channel for `key`, its exchange checked when it names one.
+    async fn open_checked(&self, key: &str) -> Result<Publisher, lapin::Error> {
+        let opened = Publisher::open(&self.connection, self.confirm_timeout).await?;
+        if !key.is_empty() {
+            opened.check_exchange(key).await?;
+        }
         Ok(opened)
     }
 
@@ -174,6 +215,76 @@ mod tests {
         distinct.sort();
         distinct.dedup();
         assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
+        targets.close_all().await;
+        let _ = connection.close(200, "done".into()).await;
+    }
+
+    /// A burst of publishes to a target exchange that does not exist costs its channel, never
+    /// the connection. lapin answers the broker's `channel.close` (404) with `close-ok` ahead
+    /// of the publish frames it still has queued for that channel; the broker reads those as
+    /// publishes on a closed channel and closes the whole connection ("expected
+    /// 'channel.open'"). So a target's channel is not used until the target is known to exist.
+    #[tokio::test]
+    async fn a_burst_to_a_missing_target_leaves_the_connection_open() {
+        const ROUNDS: usize = 10;
+        const PUBLISHES: usize = 2000;
+        let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
+        let connection = Arc::new(
+            crate::amqp::connect(&url, "targets unit test")
+                .await
+                .expect("the test broker answers (run scripts/broker.sh)"),
+        );
+        let targets = Arc::new(TargetChannels::new(
+            connection.clone(),
+            Duration::from_secs(30),
+        ));
+        for round in 0..ROUNDS {
+            let target = format!("targets-test-missing-{:08x}", rand::random::<u32>());
+            let publishes = (0..PUBLISHES).map(|_| {
+                let (targets, target) = (targets.clone(), target.clone());
+                tokio::spawn(async move {
+                    let publisher = targets.get(&target).await?;
+                    publisher
+                        .publish(
+                            target.as_str().into(),
+                            "key".into(),
+                            b"body",
+                            lapin::BasicProperties::default(),
+                        )
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| match e {
+                            crate::amqp::PublishError::Broker(e) => e,
+                            other => panic!("no answer from the broker: {other}"),
+                        })
+                })
+            });
+            let answers = tokio::time::timeout(
+                Duration::from_secs(60),
+                futures::future::join_all(publishes),
+            )
+            .await
+            .expect("every publish answered within 60 s");
+            let refused = answers
+                .into_iter()
+                .map(|joined| joined.expect("task"))
+                .filter(|answer| {
+                    answer
+                        .as_ref()
+                        .err()
+                        .and_then(crate::amqp::reply_code)
+                        .is_some_and(|code| code == 404)
+                })
+                .count();
+            assert!(
+                connection.status().connected(),
+                "round {round}: the broker closed the connection"
+            );
+            assert_eq!(
+                refused, PUBLISHES,
+                "round {round}: every publish refused 404"
+            );
+        }
         targets.close_all().await;
         let _ = connection.close(200, "done".into()).await;
     }

@@ -679,7 +679,9 @@ impl Carrier {
         };
         match self.targets.get(key).await {
             Ok(publisher) => verdict(publish_on(&publisher, attempt).await),
-            Err(e) => Verdict::Lost(PublishError::Broker(e)),
+            // A target found missing (or forbidden) when its channel opened refuses this
+            // publish as a publish would have; any other failure is a lost attempt.
+            Err(e) => verdict(Err(PublishError::Broker(e))),
         }
     }
 
