@@ -23,6 +23,18 @@ fn management_url() -> String {
 /// has held them for `management.stuck_after`. Without the watch, nothing noticed.
 #[tokio::test]
 async fn a_quorum_level_that_does_not_forward_its_expired_messages_is_reported_stuck() {
+    let overview = format!("{}/api/overview", management_url());
+    let answer = reqwest::Client::new()
+        .get(&overview)
+        .basic_auth("guest", Some("guest"))
+        .timeout(10 * SEC)
+        .send()
+        .await;
+    assert!(
+        answer.as_ref().is_ok_and(|r| r.status().is_success()),
+        "the broker's management API does not answer at {overview} ({answer:?}): run \
+         scripts/broker.sh, which enables the plugin"
+    );
     let w = World::start(Setup {
         queue_type: "quorum",
         ladder: "500ms",
