@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Where the work goes during one steady run: starts `delay-bridge-bench steady` (arguments
+# after the broker go to it) and, once the bridge consumes, samples for PROFILE_SECONDS (10):
+#   - the broker's Erlang processes, their reductions summed by kind: channel processes, each
+#     queue (the sandbox's random suffix removed), readers, writers, the rest by name;
+#   - the broker's system calls and context switches, and the bridge's (perf stat);
+#   - the bridge's context switches per thread (/proc).
+# `baseline` samples the broker during the bench's plain transit instead (one durable queue,
+# the same publisher and consumer, paced at --rate), with no bridge: the same figures for one
+# transit per message. Figures are totals over the window: divide by rate x seconds.
+#   bash scripts/profile.sh                      # RabbitMQ 3.x on 5672, steady 2000 msg/s
+#   bash scripts/profile.sh 3 baseline           # the plain transit at 2000 msg/s
+#   bash scripts/profile.sh 4 --rate 1000        # RabbitMQ 4.x on 5673, other steady options
+# Needs perf (Debian's linux-perf) and root when the broker runs as another user; the broker on
+# this machine. Reductions are the Erlang VM's unit of work, not CPU time: they show which
+# processes work, not how much CPU each costs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+broker=3
+case "${1:-}" in 3|4) broker=$1; shift ;; esac
+baseline=false
+[ "${1:-}" = baseline ] && { baseline=true; shift; }
+seconds=${PROFILE_SECONDS:-10}
+case $broker in
+  3) bash scripts/broker.sh >&2; url="amqp://guest:guest@127.0.0.1:5672/%2f"; ctl=(rabbitmqctl) ;;
+  4) bash scripts/broker4.sh start >&2; url="amqp://guest:guest@127.0.0.1:5673/%2f"; ctl=(bash scripts/broker4.sh ctl) ;;
+esac
+command -v perf >/dev/null || { echo "profile.sh: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
+cargo build --release --quiet --features bench
+
+broker_pid=$("${ctl[@]}" eval 'list_to_integer(os:getpid()).' | tr -dc 0-9)
+log=$(mktemp)
+if $baseline; then
+  args=(--seconds 1 --baseline-count 20000 --baseline-paced-seconds $((seconds + 15)))
+else
+  args=(--seconds $((seconds + 20)))
+fi
+DELAY_BRIDGE_URL=$url target/release/delay-bridge-bench steady "${args[@]}" "$@" >"$log" 2>&1 &
+bench=$!
+trap 'kill $bench 2>/dev/null || true; rm -f "$log"' EXIT
+bridge=""
+for _ in $(seq 1 600); do
+  if $baseline; then
+    # The paced pass follows a flat-out pass of 20 000, which takes a second or two.
+    queues=$("${ctl[@]}" -q list_queues name 2>/dev/null || true)
+    [[ $queues == *delay-bridge-bench-baseline* ]] && break
+  else
+    bridge=$(pgrep -x -P "$bench" delay-bridge || true)
+    [ -n "$bridge" ] && break
+  fi
+  kill -0 "$bench" 2>/dev/null || { cat "$log" >&2; echo "profile.sh: the bench ended before the load started" >&2; exit 1; }
+  sleep 0.5
+done
+$baseline || [ -n "$bridge" ] || { echo "profile.sh: no bridge process within 300 s" >&2; exit 1; }
+sleep 5 # past the start, into the steady load
+
+if $baseline; then
+  echo "== broker (pid $broker_pid) during the plain transit, $seconds s"
+else
+  echo "== broker (pid $broker_pid) and bridge (pid $bridge), $seconds s of steady load"
+fi
+threads() {
+  [ -n "$bridge" ] || return 0
+  for t in /proc/"$bridge"/task/*; do
+    printf '%s %s %s %s\n' "${t##*/}" "$(cat "$t/comm")" \
+      "$(awk '/^voluntary_ctxt/ {print $2}' "$t/status")" "$(awk '/^nonvoluntary_ctxt/ {print $2}' "$t/status")"
+  done | sort
+}
+before=$(threads)
+events=syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_recvfrom,syscalls:sys_enter_pwrite64,syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_wait,context-switches,task-clock
+perf stat -e "$events" -p "$broker_pid" -o /dev/stdout -- sleep "$seconds" | sed 's/^/broker: /' &
+perf_broker=$!
+perf_bridge=""
+if [ -n "$bridge" ]; then
+  perf stat -e "$events" -p "$bridge" -o /dev/stdout -- sleep "$seconds" | sed 's/^/bridge: /' &
+  perf_bridge=$!
+fi
+"${ctl[@]}" eval "
+Snap = fun() -> maps:from_list([{P, R} || P <- erlang:processes(), {reductions, R} <- [erlang:process_info(P, reductions)]]) end,
+Kind = fun(P) ->
+  case erlang:process_info(P, [registered_name, dictionary]) of
+    undefined -> gone;
+    [{registered_name, N}, _] when N =/= [] -> N;
+    [_, {dictionary, D}] ->
+      case proplists:get_value(process_name, D) of
+        {rabbit_amqqueue_process, {resource, _, queue, Q}} ->
+          {queue, re:replace(Q, \"-[0-9a-f]{8}(-[0-9a-f]{8})?\", \"\", [global, {return, binary}])};
+        {K, _} -> K;
+        undefined -> proplists:get_value('\$initial_call', D, unknown)
+      end
+  end end,
+A = Snap(), timer:sleep($seconds * 1000), B = Snap(),
+Sum = lists:foldl(fun({P, R}, M) -> K = Kind(P), maps:update_with(K, fun(X) -> X + R - maps:get(P, A, 0) end, R - maps:get(P, A, 0), M) end, #{}, maps:to_list(B)),
+Total = lists:sum(maps:values(Sum)),
+io:format(\"reductions in ~b s: ~b~n\", [$seconds, Total]),
+[io:format(\"~6.2f%  ~p~n\", [100 * V / Total, K]) || {K, V} <- lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Sum))), 12)],
+ok." | sed 's/^/broker processes: /'
+wait "$perf_broker" $perf_bridge || true
+after=$(threads)
+[ -n "$bridge" ] && echo "bridge threads: id, name, voluntary and involuntary context switches in the window"
+join <(echo "$before") <(echo "$after") | awk '{printf "  %-8s %-18s %8d %8d\n", $1, $2, $6 - $3, $7 - $4}'
+wait "$bench" || true
+echo "== the run's report"
+cat "$log"
