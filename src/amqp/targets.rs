@@ -186,11 +186,9 @@ mod tests {
             .unwrap_or_else(|_| crate::config::DEFAULT_URL.to_string())
     }
 
-    /// A burst of deliveries to a target that has no channel yet opens one channel between
-    /// them, not one each: 3000 at once would exceed the broker's 2047 channels per
-    /// connection. (Needs the test broker, like the integration tests.)
-    #[tokio::test]
-    async fn concurrent_first_publishes_to_a_target_share_one_channel() {
+    /// A connection to the test broker (`DELAY_BRIDGE_TEST_URL`, like the integration tests)
+    /// and its target channels.
+    async fn connected() -> (Arc<Connection>, Arc<TargetChannels>) {
         let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
         let connection = Arc::new(
             crate::amqp::connect(&url, "targets unit test")
@@ -201,6 +199,15 @@ mod tests {
             connection.clone(),
             Duration::from_secs(30),
         ));
+        (connection, targets)
+    }
+
+    /// A burst of deliveries to a target that has no channel yet opens one channel between
+    /// them, not one each: 3000 at once would exceed the broker's 2047 channels per
+    /// connection. (Needs the test broker, like the integration tests.)
+    #[tokio::test]
+    async fn concurrent_first_publishes_to_a_target_share_one_channel() {
+        let (connection, targets) = connected().await;
         let opens = (0..3000).map(|_| {
             let targets = targets.clone();
             tokio::spawn(async move { targets.get("amq.direct").await.map(|p| p.channel_id()) })
@@ -228,16 +235,7 @@ mod tests {
     async fn a_burst_to_a_missing_target_leaves_the_connection_open() {
         const ROUNDS: usize = 10;
         const PUBLISHES: usize = 2000;
-        let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
-        let connection = Arc::new(
-            crate::amqp::connect(&url, "targets unit test")
-                .await
-                .expect("the test broker answers (run scripts/broker.sh)"),
-        );
-        let targets = Arc::new(TargetChannels::new(
-            connection.clone(),
-            Duration::from_secs(30),
-        ));
+        let (connection, targets) = connected().await;
         for round in 0..ROUNDS {
             let target = format!("targets-test-missing-{:08x}", rand::random::<u32>());
             let publishes = (0..PUBLISHES).map(|_| {
