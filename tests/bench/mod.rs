@@ -229,6 +229,11 @@ async fn bench_pending_smoke() {
         assert!(r["broker_total_bytes"].as_u64().unwrap() > 0, "{r}");
         assert!(r["bridge_rss_bytes"].as_u64().unwrap() > 0, "{r}");
     }
+    // Each step's intake cost; none before the first.
+    assert!(readings[0]["intake_cost"].is_null());
+    for r in &readings[1..] {
+        assert_cost(&r["intake_cost"]);
+    }
     // classic levels: broker memory per message, RSS limit, RSS flat
     assert_targets(&json, 3);
 }

@@ -1,7 +1,10 @@
 //! Scale: `count` long-delay messages published through a bridge child process until they
 //! all sit in the level queues. At the start, at a checkpoint and at the end the broker's
 //! memory (after a full GC) and the bridge's RSS are read: memory per pending message is
-//! the growth over the count, and the bridge's RSS should not grow with it.
+//! the growth over the count, and the bridge's RSS should not grow with it. Each step also
+//! reports what taking its messages in cost (ingress to the work queue, the bridge, a hop
+//! into a level): the broker's CPU per message beside one flat-out plain transit, and the
+//! bridge's.
 
 use std::time::Duration;
 
@@ -15,6 +18,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 
 use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 use super::load::{due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, targets_json};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
@@ -59,6 +63,8 @@ struct Reading {
     bridge: ProcessUsage,
     /// Seconds from the first publish of this step until the levels held it all.
     seconds: f64,
+    /// What taking this step's messages in cost (`None` at the start).
+    intake: Option<Cost>,
 }
 
 impl Reading {
@@ -71,6 +77,7 @@ impl Reading {
             "bridge_peak_rss_bytes": self.bridge.peak_rss,
             "bridge_cpu_s": self.bridge.cpu.as_secs_f64(),
             "seconds": self.seconds,
+            "intake_cost": self.intake.map(|cost| cost.json()),
         })
     }
 }
@@ -92,7 +99,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let sandbox =
         Sandbox::declare(base, "delay-bridge-bench-pending", TargetBinding::Fanout).await?;
-    let measured = measure(&sandbox, args, &ctl, &steps, delay).await;
+    let measured = measure(&sandbox, args, &ctl, &steps, delay, &baseline).await;
     println!("deleting the benchmark's queues ({count} messages)...");
     sandbox.finish().await?;
     let readings = measured?;
@@ -106,6 +113,7 @@ async fn measure(
     ctl: &Ctl,
     steps: &[u64],
     delay: Duration,
+    baseline: &Baseline,
 ) -> Result<Vec<Reading>> {
     let process = MeasuredBridge::start(sandbox).await?;
     let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0).await?];
@@ -114,6 +122,9 @@ async fn measure(
     let mut published = 0u64;
     for &step in steps {
         let started = tokio::time::Instant::now();
+        // Read after the previous reading: its rabbitmqctl calls (a full GC) are not counted.
+        let broker_start = broker_cpu_now(baseline)?;
+        let bridge_start = process.usage()?.cpu;
         let ingress = sandbox.ingress.clone();
         let offset = published;
         publish(&channel, step - published, None, |seq| {
@@ -139,7 +150,15 @@ async fn measure(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let seconds = started.elapsed().as_secs_f64();
-        readings.push(read(sandbox, &process, ctl, step, seconds).await?);
+        let intake = Cost {
+            messages: step - offset,
+            broker_cpu: broker_cpu_between(broker_start, broker_cpu_now(baseline)?),
+            baseline_broker_us: baseline.flat_broker_us_per_message(),
+            bridge_cpu: process.usage()?.cpu.saturating_sub(bridge_start),
+        };
+        let mut reading = read(sandbox, &process, ctl, step, seconds).await?;
+        reading.intake = Some(intake);
+        readings.push(reading);
         eprintln!("  {step} pending after {seconds:.1} s");
     }
     process.stop().await?;
@@ -160,6 +179,7 @@ async fn read(
         queue_memory: ctl.queues(&prefix).await?.bytes,
         bridge: process.usage()?,
         seconds,
+        intake: None,
     })
 }
 
@@ -226,6 +246,15 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
         "baseline publish rate for scale: {:.0} msg/s; the levels filled at the hops/s above",
         baseline.rate
     );
+    for r in readings {
+        if let Some(intake) = r.intake {
+            println!(
+                "taking in the messages up to {} pending (published flat out): {}",
+                r.pending,
+                intake.line()
+            );
+        }
+    }
     let broker_per_msg = per_message(&last, |r| r.broker_total);
     let mut targets = Vec::new();
     if base.queue_type == QueueType::Classic {
