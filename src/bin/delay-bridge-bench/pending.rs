@@ -116,7 +116,7 @@ async fn measure(
     baseline: &Baseline,
 ) -> Result<Vec<Reading>> {
     let process = MeasuredBridge::start(sandbox).await?;
-    let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0).await?];
+    let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0, None).await?];
     let channel = amqp::confirm_channel(&sandbox.conn).await?;
     let work_queue = sandbox.config.names.work_queue();
     let mut published = 0u64;
@@ -156,9 +156,7 @@ async fn measure(
             baseline_broker_us: baseline.flat_broker_us_per_message(),
             bridge_cpu: process.usage()?.cpu.saturating_sub(bridge_start),
         };
-        let mut reading = read(sandbox, &process, ctl, step, seconds).await?;
-        reading.intake = Some(intake);
-        readings.push(reading);
+        readings.push(read(sandbox, &process, ctl, step, seconds, Some(intake)).await?);
         eprintln!("  {step} pending after {seconds:.1} s");
     }
     process.stop().await?;
@@ -171,6 +169,7 @@ async fn read(
     ctl: &Ctl,
     pending: u64,
     seconds: f64,
+    intake: Option<Cost>,
 ) -> Result<Reading> {
     let prefix = format!("{}.", sandbox.config.names.prefix());
     Ok(Reading {
@@ -179,7 +178,7 @@ async fn read(
         queue_memory: ctl.queues(&prefix).await?.bytes,
         bridge: process.usage()?,
         seconds,
-        intake: None,
+        intake,
     })
 }
 
