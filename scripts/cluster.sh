@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A local three-node RabbitMQ cluster of the installed package (no Docker), on loopback only,
-# beside the broker on 5672. For fault tests: node loss, restarts, quorum queues.
+# A local three-node RabbitMQ cluster (no Docker), on loopback only, beside the broker on 5672.
+# For fault tests: node loss, restarts, quorum queues.
 #
 #   bash scripts/cluster.sh start         # start and cluster the three nodes (idempotent)
 #   bash scripts/cluster.sh status        # which nodes run, and the cluster as node 1 sees it
@@ -9,39 +9,74 @@
 #   bash scripts/cluster.sh stop          # stop every node (data is kept for the next start)
 #   bash scripts/cluster.sh ctl N ARGS..  # rabbitmqctl against node N
 #   bash scripts/cluster.sh urls          # the AMQP URL of every node, one a line
+#   bash scripts/cluster.sh url N         # the AMQP URL of node N (4: the single broker)
 #   bash scripts/cluster.sh management-urls  # the management API of every node, one a line
 #   bash scripts/cluster.sh start-solo    # node 4: a single broker of its own, never clustered
 #                                         # (for broker-crash faults; kill 4 / restart 4 / stop)
-#   bash scripts/cluster.sh start-tls DIR # node 5: a single broker with an AMQPS listener on
-#                                         # 127.0.0.1:5695 that requires a client certificate,
-#                                         # from DIR/ca.pem, DIR/server.pem, DIR/server.key
-#                                         # (restarted when it runs: new certificates apply)
+#   bash scripts/cluster.sh start-tls DIR # node 5 (3.x only): a single broker with an AMQPS
+#                                         # listener on 127.0.0.1:5695 that requires a client
+#                                         # certificate, from DIR/ca.pem, DIR/server.pem,
+#                                         # DIR/server.key (restarted when it runs)
 #   bash scripts/cluster.sh stop-tls      # stop node 5
 #
-# Node N is rabbit-cN@localhost: AMQP 127.0.0.1:568N, management API 127.0.0.1:1568N,
-# Erlang distribution 2568N, data, logs,
-# config and its own Erlang cookie under $CLUSTER_DIR/nodeN (default
-# /var/lib/delay-bridge/cluster; the cookie is shared by all three). Every node's
-# advanced.config lowers dead_letter_worker_publisher_confirm_timeout to 2000 ms: without it a
-# quorum level whose dead-letter target moved (a failover) retries only after 180 s.
-# Waits have deadlines (CLUSTER_WAIT_SECONDS, default 90 per node).
+# CLUSTER_BROKER picks the RabbitMQ: 3 (default) runs the installed package (3.10.8 from
+# scripts/broker.sh); 4 runs 4.0.x inside scripts/broker4.sh's chroot (installed and started
+# on first use), with the same commands. Every command of a 4.x cluster needs
+# CLUSTER_BROKER=4 (export it).
+#
+#   broker  node N              AMQP              management         distribution
+#   3       rabbit-cN@localhost 127.0.0.1:568N    127.0.0.1:1568N    2568N
+#   4       rabbit4-cN@localhost 127.0.0.1:569N   127.0.0.1:1569N    2569N
+#
+# Data, logs, config and one shared Erlang cookie live under $CLUSTER_DIR/nodeN (3.x default
+# /var/lib/delay-bridge/cluster; 4.x: /var/lib/delay-bridge-cluster inside the chroot). Every
+# node's advanced.config lowers dead_letter_worker_publisher_confirm_timeout to 2000 ms:
+# without it a quorum level whose dead-letter target moved (a failover) retries only after
+# 180 s. Waits have deadlines (CLUSTER_WAIT_SECONDS, default 90 per node).
 set -euo pipefail
 
-dir=${CLUSTER_DIR:-/var/lib/delay-bridge/cluster}
-tls_dir=
+here=$(cd "$(dirname "$0")" && pwd)
 wait_s=${CLUSTER_WAIT_SECONDS:-90}
-bin=/usr/lib/rabbitmq/bin
+tls_dir=
 nodes=(1 2 3)
+bin=/usr/lib/rabbitmq/bin
 
 say() { echo "cluster.sh: $*"; }
 die() { say "$*" >&2; exit 1; }
 
-[ -x "$bin/rabbitmq-server" ] || die "no RabbitMQ installed ($bin/rabbitmq-server); run scripts/broker.sh first"
+case ${CLUSTER_BROKER:-3} in
+  3)
+    root=                 # the host itself
+    dir=${CLUSTER_DIR:-/var/lib/delay-bridge/cluster}
+    name_prefix=rabbit-c
+    port_base=5680
+    epmd_port=4369
+    [ -x "$bin/rabbitmq-server" ] || die "no RabbitMQ installed ($bin/rabbitmq-server); run scripts/broker.sh first"
+    ;;
+  4)
+    root=${RMQ4_ROOT:-/var/lib/delay-bridge/rabbitmq-4-trixie}
+    dir=${CLUSTER_DIR:-/var/lib/delay-bridge-cluster}   # inside the chroot
+    name_prefix=rabbit4-c
+    port_base=5690
+    epmd_port=${RMQ4_EPMD_PORT:-4370}
+    ;;
+  *) die "CLUSTER_BROKER must be 3 or 4, not ${CLUSTER_BROKER}" ;;
+esac
+# $dir as the host sees it.
+host_dir=$root$dir
 
-node_name() { echo "rabbit-c$1@localhost"; }
-amqp_port() { echo $((5680 + $1)); }
-dist_port() { echo $((25680 + $1)); }
-management_port() { echo $((15680 + $1)); }
+# For 4.x: the chroot installed, started (its own node too) and mounted, once.
+ensure_root() {
+  [ -z "$root" ] && return
+  if [ ! -x "$root$bin/rabbitmq-server" ] || ! mountpoint -q "$root/proc"; then
+    bash "$here/broker4.sh" start
+  fi
+}
+
+node_name() { echo "$name_prefix$1@localhost"; }
+amqp_port() { echo $((port_base + $1)); }
+dist_port() { echo $((20000 + port_base + $1)); }
+management_port() { echo $((10000 + port_base + $1)); }
 
 # The environment of node N, for the server and for the CLI tools alike.
 node_env() {
@@ -62,21 +97,34 @@ node_env() {
     "ERL_CRASH_DUMP=$base/erl_crash.dump"
 }
 
+# Runs a command in node N's environment: on the host, or in the 4.x chroot.
+in_node() {
+  local n=$1
+  shift
+  if [ -z "$root" ]; then
+    # shellcheck disable=SC2046
+    env $(node_env "$n") "$@"
+  else
+    # shellcheck disable=SC2046
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+      ERL_EPMD_PORT="$epmd_port" $(node_env "$n") "$@"
+  fi
+}
+
 ctl() {
   local n=$1
   shift
-  # shellcheck disable=SC2046
-  env $(node_env "$n") "$bin/rabbitmqctl" -n "$(node_name "$n")" "$@"
+  in_node "$n" "$bin/rabbitmqctl" -n "$(node_name "$n")" "$@"
 }
 
 running() { ctl "$1" -q status >/dev/null 2>&1; }
 
 prepare() {
-  local n=$1 base="$dir/node$1"
+  local n=$1 base="$host_dir/node$1"
   mkdir -p "$base/mnesia" "$base/log"
-  if [ ! -f "$dir/.erlang.cookie" ]; then
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/.erlang.cookie"
-    chmod 400 "$dir/.erlang.cookie"
+  if [ ! -f "$host_dir/.erlang.cookie" ]; then
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$host_dir/.erlang.cookie"
+    chmod 400 "$host_dir/.erlang.cookie"
   fi
   : > "$base/rabbitmq-env.conf"
   printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\nmanagement.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %s\n' \
@@ -97,8 +145,7 @@ launch_node() {
     return
   fi
   prepare "$n"
-  # shellcheck disable=SC2046
-  env $(node_env "$n") "$bin/rabbitmq-server" -detached
+  in_node "$n" "$bin/rabbitmq-server" -detached
 }
 
 # Waits until node N has booted. Nodes of a stopped cluster wait for each other at boot
@@ -108,8 +155,8 @@ await_node() {
   # Until the node has registered, the CLI cannot even reach it: retry within the deadline.
   until ctl "$n" -q await_startup --timeout 5 >/dev/null 2>&1; do
     if (( SECONDS - from >= wait_s )); then
-      tail -n 30 "$dir/node$n/log/"*.log 2>/dev/null || true
-      die "node $n did not start within ${wait_s}s (logs: $dir/node$n/log)"
+      tail -n 30 "$host_dir/node$n/log/"*.log 2>/dev/null || true
+      die "node $n did not start within ${wait_s}s (logs: $host_dir/node$n/log)"
     fi
     sleep 1
   done
@@ -133,7 +180,8 @@ join() {
 case "${1:-}" in
   start)
     started=$SECONDS
-    mkdir -p "$dir"
+    ensure_root
+    mkdir -p "$host_dir"
     for n in "${nodes[@]}"; do launch_node "$n"; done
     for n in "${nodes[@]}"; do await_node "$n"; done
     for n in 2 3; do join "$n"; done
@@ -141,18 +189,20 @@ case "${1:-}" in
     ;;
   start-solo)
     started=$SECONDS
-    mkdir -p "$dir"
+    ensure_root
+    mkdir -p "$host_dir"
     launch_node 4
     await_node 4
     say "single node 4 up in $((SECONDS - started)) s: amqp://guest:guest@127.0.0.1:$(amqp_port 4)/%2f"
     ;;
   start-tls)
+    [ -z "$root" ] || die "4.x has its own TLS node: bash scripts/broker4.sh start-tls DIR"
     tls_dir=$(cd "${2:?usage: cluster.sh start-tls DIR}" && pwd)
     for f in ca.pem server.pem server.key; do
       [ -r "$tls_dir/$f" ] || die "no $tls_dir/$f"
     done
     started=$SECONDS
-    mkdir -p "$dir"
+    mkdir -p "$host_dir"
     if running 5; then
       ctl 5 -q stop >/dev/null 2>&1 || true
     fi
@@ -166,7 +216,8 @@ case "${1:-}" in
     ;;
   stop)
     for n in "${nodes[@]}" 4 5; do
-      [ "$n" -ge 4 ] && [ ! -d "$dir/node$n" ] && continue
+      [ "$n" -ge 4 ] && [ ! -d "$host_dir/node$n" ] && continue
+      [ -n "$root" ] && ! mountpoint -q "$root/proc" && { say "node $n not running"; continue; }
       if running "$n"; then
         ctl "$n" -q stop >/dev/null 2>&1 || true
         say "node $n stopped"
@@ -189,7 +240,7 @@ case "${1:-}" in
     ;;
   kill)
     n=${2:?usage: cluster.sh kill N}
-    pidfile="$dir/node$n/pid"
+    pidfile="$host_dir/node$n/pid"
     [ -s "$pidfile" ] || die "node $n has no pid file ($pidfile): not started by this script?"
     pid=$(cat "$pidfile")
     if kill -0 "$pid" 2>/dev/null; then
@@ -202,6 +253,7 @@ case "${1:-}" in
   restart)
     n=${2:?usage: cluster.sh restart N}
     started=$SECONDS
+    ensure_root
     launch_node "$n"
     await_node "$n"
     say "node $n back in $((SECONDS - started)) s"
@@ -214,11 +266,15 @@ case "${1:-}" in
   urls)
     for n in "${nodes[@]}"; do echo "amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/%2f"; done
     ;;
+  url)
+    n=${2:?usage: cluster.sh url N}
+    echo "amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/%2f"
+    ;;
   management-urls)
     for n in "${nodes[@]}"; do echo "http://127.0.0.1:$(management_port "$n")"; done
     ;;
   *)
-    sed -n '2,31p' "$0"
+    sed -n '2,35p' "$0"
     exit 2
     ;;
 esac

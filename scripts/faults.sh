@@ -15,19 +15,27 @@
 #                         bridges; kill -9 of the node that leads every queue at 10 s, back at 25 s
 #   broker-crash-quorum   one broker (cluster.sh node 4), quorum mode: kill -9 at 10 s, back at 15 s
 #   broker-crash-classic  the same in classic mode
+#
+# The cluster scenarios run on the installed RabbitMQ (3.x); with CLUSTER_BROKER=4 they run
+# on 4.0.x in scripts/broker4.sh's chroot, and the reports go to target/faults/4/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 bash scripts/broker.sh
 cargo build --release --quiet --features bench
-mkdir -p target/faults
+reports=target/faults
+if [ "${CLUSTER_BROKER:-3}" = 4 ]; then
+  export CLUSTER_BROKER
+  reports=target/faults/4
+fi
+mkdir -p "$reports"
 bench=./target/release/delay-bridge-bench
 export RUST_LOG=${RUST_LOG:-error}
 
 # A configuration for the bench: its prefix and route are replaced by each scenario's own.
 # With management API URLs after the queue type, its bridges watch for stuck levels.
 config() {
-  local file=target/faults/$1.toml
+  local file=$reports/$1.toml
   printf '[topology]\nqueue_type = "%s"\n\n' "$1" > "$file"
   if [ $# -gt 1 ]; then
     printf '[management]\nurls = [%s]\ninterval = "1s"\nstuck_after = "15s"\n\n' "$2" >> "$file"
@@ -42,7 +50,7 @@ run() {
   local name=$1
   shift
   echo "== $*"
-  "$@" | tee "target/faults/$name.txt"
+  "$@" | tee "$reports/$name.txt"
 }
 
 scenarios=("$@")
@@ -70,14 +78,14 @@ for scenario in "${scenarios[@]}"; do
       ;;
     broker-crash-quorum|broker-crash-classic)
       bash scripts/cluster.sh start-solo
-      DELAY_BRIDGE_URL=amqp://guest:guest@127.0.0.1:5684/%2f run "$scenario" $bench --config "$(config "${scenario#broker-crash-}")" broker-crash \
+      DELAY_BRIDGE_URL=$(bash scripts/cluster.sh url 4) run "$scenario" $bench --config "$(config "${scenario#broker-crash-}")" broker-crash \
         --count 50000 --rate 1000 --min-delay 1s --max-delay 30s \
         --kill "bash scripts/cluster.sh kill 4" --restart "bash scripts/cluster.sh restart 4" \
         --kill-after 10s --restart-after 15s --bridges 1
       ;;
     *)
       echo "faults.sh: unknown scenario $scenario" >&2
-      sed -n '2,17p' "$0" >&2
+      sed -n '2,20p' "$0" >&2
       exit 2
       ;;
   esac
