@@ -264,9 +264,19 @@ async fn bench_cancel_horizon_smoke() {
             "1s 0ms",
             "--delay",
             "1500ms",
+            SMALL_BASELINE[0],
+            SMALL_BASELINE[1],
+            SMALL_BASELINE[2],
+            SMALL_BASELINE[3],
         ],
     )
     .await;
+    assert_baseline(&json);
+    assert!(
+        json["broker_cpu_us_per_msg"].as_f64().is_some(),
+        "the broker process was not found: {json}"
+    );
+    assert!(json["broker_cpu_ratio"].as_f64().is_some(), "{json}");
     let rows = json["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["lead_ms"], 1000);
@@ -283,8 +293,18 @@ async fn bench_cancel_horizon_smoke() {
 
 #[tokio::test]
 async fn bench_tombstones_smoke() {
-    let json = bench(&["tombstones", "--count", "2000"]).await;
+    let mut args = vec!["tombstones", "--count", "2000"];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
     assert_eq!(json["count"], 2000);
+    assert_cost(&json["read_cost"]);
+    assert!(
+        json["append_broker_cpu_us_per_tombstone"]
+            .as_f64()
+            .is_some(),
+        "{json}"
+    );
     for key in ["ready_empty_s", "ready_full_s", "publish_s"] {
         assert!(json[key].as_f64().unwrap() > 0.0, "{key}: {json}");
     }

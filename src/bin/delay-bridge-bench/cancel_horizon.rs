@@ -6,6 +6,10 @@
 //! time. The time the broker confirmed the cancel is recorded, so the actual lead (due
 //! minus confirm) is measured, not assumed. Then every message that was not cancelled and a
 //! final sentinel are awaited: a cancelled message that arrives arrives before the sentinel.
+//!
+//! The broker's CPU over the run (scheduling, cancels, hops, deliveries) is reported per
+//! scheduled message beside one plain transit at the same rate (the baseline's paced pass).
+//! The bridge runs in this process, so its own CPU cannot be told apart and is not reported.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
@@ -22,6 +26,12 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 
 use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
+use super::baseline::{Baseline, BaselineArgs};
+use super::cost::{broker_cpu_between, broker_cpu_now};
+
+/// Messages are scheduled this far apart, ms: the rate the baseline's paced pass runs at.
+const SPACING_MS: u64 = 10;
+
 /// `bench cancel-horizon` options.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -34,6 +44,8 @@ pub struct Args {
     /// The delay of the first message; the rest are spread 10 ms apart after it.
     #[arg(long, default_value = "3s")]
     delay: String,
+    #[command(flatten)]
+    baseline: BaselineArgs,
 }
 
 struct Sample {
@@ -52,14 +64,22 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         .map(|l| parse_duration(l).map_err(|e| anyhow::anyhow!("--leads {l:?}: {e}")))
         .collect::<Result<_>>()?;
     let first = parse_duration(&args.delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
+    let baseline = args
+        .baseline
+        .measure(base, 16, 1000.0 / SPACING_MS as f64)
+        .await?;
     let bench = Sandbox::start(base, "delay-bridge-bench-cancel", TargetBinding::Fanout).await?;
+    let broker_start = broker_cpu_now(&baseline)?;
     let samples = measure(&bench, &leads, args.count, first).await;
+    let broker_cpu = broker_cpu_between(broker_start, broker_cpu_now(&baseline)?);
     let stats = bench
         .stats()
         .context("this bench runs the bridge in process")?;
     let counters = (stats.snapshot().cancelled, stats.snapshot().delivered);
     bench.finish().await?;
-    report(&samples?, counters, base);
+    let samples = samples?;
+    let broker_us = broker_cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / samples.len().max(1) as f64);
+    report(&samples, counters, base, &baseline, broker_us);
     Ok(())
 }
 
@@ -78,7 +98,7 @@ async fn measure(
         .map(|k| {
             (
                 format!("m{k}"),
-                start + 10 * k as u64,
+                start + SPACING_MS * k as u64,
                 leads[k % leads.len()],
             )
         })
@@ -146,7 +166,13 @@ async fn measure(
         .collect())
 }
 
-fn report(samples: &[Sample], (dropped, delivered): (u64, u64), base: &Config) {
+fn report(
+    samples: &[Sample],
+    (dropped, delivered): (u64, u64),
+    base: &Config,
+    baseline: &Baseline,
+    broker_us: Option<f64>,
+) {
     let mut rows: BTreeMap<Reverse<u64>, Vec<&Sample>> = BTreeMap::new();
     for s in samples {
         rows.entry(Reverse(s.lead_ms)).or_default().push(s);
@@ -196,6 +222,15 @@ fn report(samples: &[Sample], (dropped, delivered): (u64, u64), base: &Config) {
         ),
     }
     println!("bridge counters: {dropped} copies dropped, {delivered} delivered");
+    println!("{}", baseline.line());
+    let base_us = baseline.broker_us_per_message();
+    let ratio = broker_us.zip(base_us).map(|(us, base)| us / base.max(1e-9));
+    match (broker_us, ratio) {
+        (Some(us), Some(ratio)) => println!(
+            "CPU: broker {us:.0} us per scheduled message (its cancel, hops and delivery included), {ratio:.2}x one plain transit at the same rate; bridge in process, not measured apart"
+        ),
+        _ => println!("CPU: broker not measured; bridge in process, not measured apart"),
+    }
     println!(
         "{}",
         json!({
@@ -207,6 +242,10 @@ fn report(samples: &[Sample], (dropped, delivered): (u64, u64), base: &Config) {
             "smallest_won_confirmed_lead_ms": smallest_won,
             "dropped": dropped,
             "delivered": delivered,
+            "baseline": baseline.json(),
+            "broker_cpu_us_per_msg": broker_us.map(|us| us.round()),
+            "baseline_broker_cpu_us_per_msg": base_us.map(|us| us.round()),
+            "broker_cpu_ratio": ratio.map(|r| (r * 100.0).round() / 100.0),
         })
     );
 }
