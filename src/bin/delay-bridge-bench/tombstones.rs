@@ -44,8 +44,9 @@ async fn start_and_read(sandbox: &Sandbox) -> Result<(f64, ProcessUsage)> {
 }
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
-    // Tombstones have no body; the plain transit they are set beside has none either.
-    let baseline = args.baseline.measure(base, 0, 2000.0).await?;
+    // Tombstones have no body: they are set beside the smallest plain transit the baseline
+    // sends (its body carries a sequence number and a timestamp).
+    let baseline = args.baseline.measure(base, 16, 2000.0).await?;
     let sandbox =
         Sandbox::declare(base, "delay-bridge-bench-tombstones", TargetBinding::Fanout).await?;
     let (empty_s, empty) = start_and_read(&sandbox).await?;
