@@ -27,7 +27,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
 use super::baseline::{Baseline, BaselineArgs};
-use super::cost::{broker_cpu_between, broker_cpu_now};
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 
 /// Messages are scheduled this far apart, ms: the rate the baseline's paced pass runs at.
 const SPACING_MS: u64 = 10;
@@ -78,8 +78,14 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let counters = (stats.snapshot().cancelled, stats.snapshot().delivered);
     bench.finish().await?;
     let samples = samples?;
-    let broker_us = broker_cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / samples.len().max(1) as f64);
-    report(&samples, counters, base, &baseline, broker_us);
+    // The bridge runs in this process: only the broker's side of the cost is measured.
+    let cost = Cost {
+        messages: samples.len() as u64,
+        broker_cpu,
+        baseline_broker_us: baseline.broker_us_per_message(),
+        bridge_cpu: std::time::Duration::ZERO,
+    };
+    report(&samples, counters, base, &baseline, &cost);
     Ok(())
 }
 
@@ -171,7 +177,7 @@ fn report(
     (dropped, delivered): (u64, u64),
     base: &Config,
     baseline: &Baseline,
-    broker_us: Option<f64>,
+    cost: &Cost,
 ) {
     let mut rows: BTreeMap<Reverse<u64>, Vec<&Sample>> = BTreeMap::new();
     for s in samples {
@@ -223,8 +229,7 @@ fn report(
     }
     println!("bridge counters: {dropped} copies dropped, {delivered} delivered");
     println!("{}", baseline.line());
-    let base_us = baseline.broker_us_per_message();
-    let ratio = broker_us.zip(base_us).map(|(us, base)| us / base.max(1e-9));
+    let (broker_us, ratio) = (cost.broker_us(), cost.broker_ratio());
     match (broker_us, ratio) {
         (Some(us), Some(ratio)) => println!(
             "CPU: broker {us:.0} us per scheduled message (its cancel, hops and delivery included), {ratio:.2}x one plain transit at the same rate; bridge in process, not measured apart"
@@ -244,7 +249,7 @@ fn report(
             "delivered": delivered,
             "baseline": baseline.json(),
             "broker_cpu_us_per_msg": broker_us.map(|us| us.round()),
-            "baseline_broker_cpu_us_per_msg": base_us.map(|us| us.round()),
+            "baseline_broker_cpu_us_per_msg": cost.baseline_broker_us.map(|us| us.round()),
             "broker_cpu_ratio": ratio.map(|r| (r * 100.0).round() / 100.0),
         })
     );
