@@ -388,34 +388,55 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Sends acks and requeues. `Ok(false)`-style silent failures do not exist here: any error
-/// means the channel is gone, and the broker redelivers everything unacked.
+/// Sends acks and requeues, in `ops`' order, and waits until the client has written them.
+/// Any error means the channel is gone, and the broker redelivers everything unacked.
+///
+/// Every frame is queued before any is waited on: the client's I/O thread then writes the
+/// whole batch at once (one wake-up for it and one read for the broker), where waiting on
+/// each in turn cost a round trip to that thread per single ack. lapin queues a method's
+/// frame when its call is first polled, so polling each call once, in order, keeps the
+/// broker's order; an ack that overtook a requeue or a single ack it covers would close
+/// the channel, which the no-loss tests would see as redeliveries.
 async fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
+    let mut queued = Vec::with_capacity(ops.len());
     for op in ops {
-        let result = match op {
-            AckOp::Multiple(tag) => {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: true })
-                    .await
+        let mut sent = Box::pin(send(channel, op));
+        match futures::poll!(sent.as_mut()) {
+            std::task::Poll::Ready(result) => {
+                result.map_err(BridgeError::broker("acknowledging"))?
             }
-            AckOp::Single(tag) => {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: false })
-                    .await
-            }
-            AckOp::Requeue(tag) => {
-                channel
-                    .basic_nack(
-                        tag,
-                        BasicNackOptions {
-                            multiple: false,
-                            requeue: true,
-                        },
-                    )
-                    .await
-            }
-        };
-        result.map_err(BridgeError::broker("acknowledging"))?;
+            std::task::Poll::Pending => queued.push(sent),
+        }
     }
+    futures::future::try_join_all(queued)
+        .await
+        .map_err(BridgeError::broker("acknowledging"))?;
     Ok(())
+}
+
+/// The ack or requeue `op` on `channel`.
+async fn send(channel: &Channel, op: AckOp) -> Result<(), lapin::Error> {
+    match op {
+        AckOp::Multiple(tag) => {
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: true })
+                .await
+        }
+        AckOp::Single(tag) => {
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: false })
+                .await
+        }
+        AckOp::Requeue(tag) => {
+            channel
+                .basic_nack(
+                    tag,
+                    BasicNackOptions {
+                        multiple: false,
+                        requeue: true,
+                    },
+                )
+                .await
+        }
+    }
 }
