@@ -214,6 +214,35 @@ async fn bench_hop_smoke() {
 }
 
 #[tokio::test]
+async fn bench_client_relay_smoke() {
+    let json = bench(&["client-relay", "--rate", "500", "--seconds", "1"]).await;
+    assert_eq!(json["count"], 500, "{json}");
+    for client in ["lapin", "amqprs"] {
+        let relay = &json[client];
+        assert!(
+            relay["relay_cpu_us_per_msg"].as_f64().unwrap() > 0.0,
+            "{json}"
+        );
+        assert!(
+            relay["broker_cpu_us_per_msg"].as_f64().is_some(),
+            "the broker process was not found: {json}"
+        );
+        assert_eq!(relay["missing"], 0, "{json}");
+        assert_eq!(relay["duplicates"], 0, "{json}");
+        assert_eq!(relay["left_unacked"], 0, "{json}");
+    }
+    assert_targets(&json, 2);
+    assert!(
+        json["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["verdict"] == "PASS"),
+        "{json}"
+    );
+}
+
+#[tokio::test]
 async fn bench_pending_smoke() {
     let mut args = vec!["pending", "--count", "600", "--checkpoint", "200"];
     args.extend(SMALL_BASELINE);

@@ -15,6 +15,7 @@ mod broker_process;
 mod burst;
 mod cancel_horizon;
 mod capacity;
+mod client_relay;
 mod cost;
 mod faults;
 mod hop;
@@ -27,7 +28,7 @@ mod spread;
 mod steady;
 mod tombstones;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -65,11 +66,14 @@ fn main() -> Result<()> {
         .init();
     let config = Config::load(&cli.config)
         .with_context(|| format!("invalid configuration {}", cli.config.display()))?;
+    if let Scenario::RelayChild(args) = &cli.scenario {
+        return client_relay::child_main(&config, args);
+    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(run(&config, &cli.scenario))
+        .block_on(run(&config, &cli.config, &cli.scenario))
 }
 
 /// The scenarios.
@@ -102,6 +106,13 @@ pub enum Scenario {
     /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
     /// stream of `--count` tombstones, beside a start on an empty stream.
     Tombstones(tombstones::Args),
+    /// What the AMQP client costs: a paced stream relayed once (consume, publish with a
+    /// confirm, ack) by lapin and by amqprs in turn, each relay's CPU time per message
+    /// beside the broker's.
+    ClientRelay(client_relay::Args),
+    /// One relay of `client-relay`, in its own process (started by that scenario).
+    #[command(hide = true)]
+    RelayChild(client_relay::job::ChildArgs),
     /// Fault: the broker closes the bridge's connection every few seconds under load.
     ConnectionCuts(faults::connection_cuts::Args),
     /// Fault: two bridge processes, one SIGKILLed and restarted every few seconds.
@@ -119,7 +130,7 @@ pub enum Scenario {
 }
 
 /// Runs one scenario against the configured broker.
-async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
+async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<()> {
     match scenario {
         Scenario::Baseline(args) => baseline::run(base, args).await,
         Scenario::Steady(args) => steady::run(base, args).await,
@@ -135,6 +146,8 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::NodeLoss(args) => faults::broker_loss::run(base, args, "node-loss").await,
         Scenario::BrokerCrash(args) => faults::broker_loss::run(base, args, "broker-crash").await,
         Scenario::Fuzz(args) => faults::fuzz::run(base, args).await,
+        Scenario::ClientRelay(args) => client_relay::run(base, config_path, args).await,
+        Scenario::RelayChild(args) => client_relay::child_main(base, args),
         Scenario::Spread(args) => spread::run(args),
     }
 }
