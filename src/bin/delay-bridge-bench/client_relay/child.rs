@@ -1,5 +1,5 @@
-//! `delay-bridge-bench relay-child`: one relay in a process of its own, on one runtime
-//! worker as the bridge runs, so that its CPU time is its own. It prints `ready` once
+//! `delay-bridge-bench relay-child`: one relay in a process of its own, so that its CPU
+//! time is its own, and as the bridge runs: a task on a runtime of one worker. It prints `ready` once
 //! consuming and, when done, its [`ChildReport`] as one JSON line.
 
 use std::io::Write;
@@ -25,12 +25,18 @@ pub fn main(config: &Config, args: &ChildArgs) -> Result<()> {
         println!("{READY}");
         let _ = std::io::stdout().flush();
     };
-    let report = runtime.block_on(async {
-        match args.client {
-            Client::Lapin => lapin_relay::relay(config.url(), args, ready).await,
-            Client::Amqprs => amqprs_relay::relay(config.url(), args, ready).await,
+    let url = config.url().clone();
+    let job = args.clone();
+    let relay = async move {
+        match job.client {
+            Client::Lapin => lapin_relay::relay(&url, &job, ready).await,
+            Client::Amqprs => amqprs_relay::relay(&url, &job, ready).await,
         }
-    })?;
+    };
+    // Spawned, so that it runs on the worker and not on this thread.
+    let report = runtime
+        .block_on(runtime.spawn(relay))
+        .context("the relay task")??;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

@@ -29,7 +29,7 @@ impl Client {
 }
 
 /// `delay-bridge-bench relay-child` options: one relay, as the parent scenario starts it.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ChildArgs {
     /// The client to relay with.
     #[arg(long, value_enum)]
