@@ -215,10 +215,28 @@ async fn bench_hop_smoke() {
 
 #[tokio::test]
 async fn bench_client_relay_smoke() {
-    let json = bench(&["client-relay", "--rate", "500", "--seconds", "1"]).await;
+    let paced = bench(&["client-relay", "--rate", "500", "--seconds", "1"]).await;
+    assert_eq!(paced["rate"], 500.0, "{paced}");
+    assert_client_relay(&paced);
+    let flat_out = bench(&[
+        "client-relay",
+        "--rate",
+        "500",
+        "--seconds",
+        "1",
+        "--flat-out",
+    ])
+    .await;
+    assert_eq!(flat_out["rate"], "flat out", "{flat_out}");
+    assert_client_relay(&flat_out);
+}
+
+/// Both clients relayed every message once, and their costs were measured.
+fn assert_client_relay(json: &Value) {
     assert_eq!(json["count"], 500, "{json}");
     for client in ["lapin", "amqprs"] {
         let relay = &json[client];
+        assert!(relay["msg_per_s"].as_f64().unwrap() > 0.0, "{json}");
         assert!(
             relay["relay_cpu_us_per_msg"].as_f64().unwrap() > 0.0,
             "{json}"
@@ -231,15 +249,9 @@ async fn bench_client_relay_smoke() {
         assert_eq!(relay["duplicates"], 0, "{json}");
         assert_eq!(relay["left_unacked"], 0, "{json}");
     }
-    assert_targets(&json, 2);
-    assert!(
-        json["targets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|t| t["verdict"] == "PASS"),
-        "{json}"
-    );
+    assert_targets(json, 2);
+    let targets = json["targets"].as_array().unwrap();
+    assert!(targets.iter().all(|t| t["verdict"] == "PASS"), "{json}");
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
-//! `delay-bridge-bench client-relay`: what the AMQP client costs per message at a moderate
-//! rate. A delayed message is relayed twice by the bridge (work queue to a level, work
+//! `delay-bridge-bench client-relay`: what the AMQP client costs per message, at a moderate
+//! rate or flat out. A delayed message is relayed twice by the bridge (work queue to a level, work
 //! queue to its target); this scenario relays a paced stream once (consume, publish with
 //! a confirm, ack) with each client in turn, each relay in a child process on one runtime
 //! worker as the bridge runs, and reports the relay's CPU time per message beside the
@@ -44,9 +44,12 @@ pub struct Args {
     /// Messages per second published to each relay.
     #[arg(long, default_value_t = 2000.0)]
     rate: f64,
-    /// Seconds of load per client.
+    /// Seconds of load per client (`rate` x `seconds` messages).
     #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// Publish the same count as fast as confirms allow instead of at `rate`.
+    #[arg(long)]
+    flat_out: bool,
     /// Body size, bytes (at least 16).
     #[arg(long, default_value_t = 100)]
     body_size: usize,
@@ -60,9 +63,15 @@ struct Outcome {
     /// Messages still in the relay's source queue after it exited (not acked).
     left_unacked: u64,
     broker_cpu: Option<Duration>,
+    /// From the first publish to the last arrival.
+    seconds: f64,
 }
 
 impl Outcome {
+    fn msg_per_s(&self) -> f64 {
+        self.arrivals.received as f64 / self.seconds.max(1e-6)
+    }
+
     fn relay_us(&self) -> f64 {
         self.report.cpu_us as f64 / self.report.relayed.max(1) as f64
     }
@@ -83,6 +92,7 @@ impl Outcome {
     fn json(&self) -> Value {
         let latency = Spread::of(&self.arrivals.lateness_us);
         json!({
+            "msg_per_s": self.msg_per_s().round(),
             "relay_cpu_us_per_msg": self.relay_us().round(),
             "relay_context_switches_per_msg": (self.switches() * 100.0).round() / 100.0,
             "broker_cpu_us_per_msg": self.broker_us().map(f64::round),
@@ -223,7 +233,8 @@ async fn measure(
     let collector = Collector::start(conn, &queues.to, count).await?;
     let channel = amqp::confirm_channel(conn).await?;
     let broker_start = broker.map(BrokerProcess::cpu).transpose()?;
-    let published = publish(&channel, count, Some(args.rate), |seq| Outgoing {
+    let rate = (!args.flat_out).then_some(args.rate);
+    let published = publish(&channel, count, rate, |seq| Outgoing {
         exchange: "".into(),
         routing_key: queues.from.as_str().into(),
         body: body(seq, now_us(), args.body_size),
@@ -234,7 +245,8 @@ async fn measure(
     let arrivals = collector.finish(deadline, Duration::ZERO).await?;
     let broker_end = broker.map(BrokerProcess::cpu).transpose()?;
     let _ = channel.close(200, "published".into()).await;
-    published?;
+    let published = published?;
+    let seconds = arrivals.last_us.saturating_sub(published.started_us) as f64 / 1e6;
 
     let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
         .await
@@ -255,6 +267,7 @@ async fn measure(
         broker_cpu: broker_start
             .zip(broker_end)
             .map(|(a, b)| b.saturating_sub(a)),
+        seconds,
     })
 }
 
@@ -266,9 +279,14 @@ fn report(
     count: u64,
     outcomes: &[Outcome],
 ) {
+    let pace = if args.flat_out {
+        "flat out".to_string()
+    } else {
+        format!("at {} msg/s", args.rate)
+    };
     println!(
-        "client-relay: {count} messages of {} B at {} msg/s, relayed once (consume, publish confirmed, ack) by each client in turn, in a child process on one runtime worker",
-        args.body_size, args.rate
+        "client-relay: {count} messages of {} B {pace}, relayed once (consume, publish confirmed, ack) by each client in turn, in a child process on one runtime worker",
+        args.body_size
     );
     println!(
         "broker: {} ({})",
@@ -276,8 +294,9 @@ fn report(
         broker.map_or_else(|| "process not found".into(), BrokerProcess::describe)
     );
     println!(
-        "{:<8} {:>14} {:>18} {:>14} {:>8} {:>8} {:>8} {:>8}",
+        "{:<8} {:>8} {:>14} {:>18} {:>14} {:>8} {:>8} {:>8} {:>8}",
         "client",
+        "msg/s",
         "relay us/msg",
         "ctx switches/msg",
         "broker us/msg",
@@ -289,8 +308,9 @@ fn report(
     for outcome in outcomes {
         let latency = Spread::of(&outcome.arrivals.lateness_us);
         println!(
-            "{:<8} {:>14.0} {:>18.2} {:>14} {:>8} {:>8} {:>8.1} {:>8.1}",
+            "{:<8} {:>8.0} {:>14.0} {:>18.2} {:>14} {:>8} {:>8} {:>8.1} {:>8.1}",
             outcome.client.name(),
+            outcome.msg_per_s(),
             outcome.relay_us().round(),
             outcome.switches(),
             outcome
@@ -325,7 +345,7 @@ fn report(
     print_targets(&targets);
     let mut report = json!({
         "scenario": "client-relay",
-        "rate": args.rate,
+        "rate": if args.flat_out { Value::from("flat out") } else { Value::from(args.rate) },
         "count": count,
         "body_size": args.body_size,
         "relay_cpu_ratio_amqprs_to_lapin": (ratio * 100.0).round() / 100.0,
