@@ -4,6 +4,8 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod cancel;
+#[cfg(feature = "bench")]
+mod client_candidate;
 mod delivery;
 #[cfg(feature = "bench")]
 mod fault_suite;

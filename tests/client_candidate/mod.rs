@@ -1,0 +1,262 @@
+//! What moving the bridge's data path to amqprs (docs/performance.md, "The client's share")
+//! would rely on, checked on the real broker before anything relies on it. amqprs is a
+//! dependency of the `bench` feature only, as is this module.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amqprs::callbacks::{ChannelCallback, DefaultConnectionCallback};
+use amqprs::channel::{BasicPublishArguments, Channel as RsChannel, ConfirmSelectArguments};
+use amqprs::connection::{Connection as RsConnection, OpenConnectionArguments};
+use amqprs::{Ack, BasicProperties as RsProperties, Cancel, CloseChannel, Nack, Return};
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::uri::AMQPUri;
+
+use crate::support::*;
+
+/// What the broker told a confirm-mode channel, in the order the callback saw it.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// A returned publish, by the sequence number its body carries.
+    Returned(u64),
+    /// A confirm: `multiple` settles every unsettled publish up to `tag`.
+    Acked { tag: u64, multiple: bool },
+    /// A negative confirm.
+    Nacked { tag: u64, multiple: bool },
+}
+
+/// Records every event of the channel it is registered on.
+struct Recorder(Arc<Mutex<Vec<Event>>>);
+
+impl Recorder {
+    fn push(&self, event: Event) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+#[async_trait::async_trait]
+impl ChannelCallback for Recorder {
+    async fn close(
+        &mut self,
+        _: &RsChannel,
+        close: CloseChannel,
+    ) -> Result<(), amqprs::error::Error> {
+        panic!("the broker closed the publishing channel: {close}");
+    }
+    async fn cancel(&mut self, _: &RsChannel, _: Cancel) -> Result<(), amqprs::error::Error> {
+        Ok(())
+    }
+    async fn flow(&mut self, _: &RsChannel, active: bool) -> Result<bool, amqprs::error::Error> {
+        Ok(active)
+    }
+    async fn publish_ack(&mut self, _: &RsChannel, ack: Ack) {
+        self.push(Event::Acked {
+            tag: ack.delivery_tag(),
+            multiple: ack.mutiple(),
+        });
+    }
+    async fn publish_nack(&mut self, _: &RsChannel, nack: Nack) {
+        self.push(Event::Nacked {
+            tag: nack.delivery_tag(),
+            multiple: nack.multiple(),
+        });
+    }
+    async fn publish_return(&mut self, _: &RsChannel, _: Return, _: RsProperties, body: Vec<u8>) {
+        let sequence = u64::from_be_bytes(body[..8].try_into().expect("an 8-byte body"));
+        self.push(Event::Returned(sequence));
+    }
+}
+
+/// An amqprs connection to the test broker.
+async fn rs_connect() -> RsConnection {
+    let uri: AMQPUri = broker_url().parse().expect("the test broker's URL");
+    let mut arguments = OpenConnectionArguments::new(
+        &uri.authority.host,
+        uri.authority.port,
+        &uri.authority.userinfo.username,
+        &uri.authority.userinfo.password,
+    );
+    arguments.virtual_host(&uri.vhost);
+    let connection = RsConnection::open(&arguments)
+        .await
+        .expect("amqprs connects");
+    connection
+        .register_callback(DefaultConnectionCallback)
+        .await
+        .unwrap();
+    connection
+}
+
+/// The trap lapin fell into (it hands a return to whichever confirm completes first; hence
+/// `amqp::returns`), checked for amqprs with counts: many publishes from several tasks at
+/// once on one channel, a third of them unroutable and mandatory. Every return reaches the
+/// callback before any ack that settles its publish, exactly the unroutable publishes are
+/// returned, and every publish is settled once. The ack right after a return is not always
+/// its own: the broker may confirm earlier routable publishes in between (counted and
+/// printed), so a publisher on amqprs still needs the return ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish() {
+    const PUBLISHES: u64 = 6000;
+    const TASKS: u64 = 6;
+    let prefix = unique_prefix("amqprs-pairing");
+    let exchange = format!("{prefix}.exchange");
+    let queue = format!("{prefix}.queue");
+    let lapin = connect().await;
+    let setup = lapin.create_channel().await.unwrap();
+    setup
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    setup
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    setup
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "routable".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let connection = rs_connect().await;
+    let channel = connection.open_channel(None).await.unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    channel
+        .register_callback(Recorder(events.clone()))
+        .await
+        .unwrap();
+    channel
+        .confirm_select(ConfirmSelectArguments::default())
+        .await
+        .unwrap();
+    // A publish's sequence number is the order its frames are written in: taken and
+    // written under one lock.
+    let next_sequence = Arc::new(tokio::sync::Mutex::new(0u64));
+    let unroutable = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut publishers = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let (channel, exchange) = (channel.clone(), exchange.clone());
+        let (next_sequence, unroutable) = (next_sequence.clone(), unroutable.clone());
+        publishers.spawn(async move {
+            for _ in 0..PUBLISHES / TASKS {
+                let mut last = next_sequence.lock().await;
+                *last += 1;
+                let sequence = *last;
+                let routable = rand::random_ratio(2, 3);
+                if !routable {
+                    unroutable.lock().unwrap().insert(sequence);
+                }
+                let key = if routable { "routable" } else { "nowhere" };
+                let mut arguments = BasicPublishArguments::new(&exchange, key);
+                arguments.mandatory(true);
+                channel
+                    .basic_publish(
+                        RsProperties::default(),
+                        sequence.to_be_bytes().to_vec(),
+                        arguments,
+                    )
+                    .await
+                    .unwrap();
+                drop(last);
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    while let Some(published) = publishers.join_next().await {
+        published.unwrap();
+    }
+    let settled_all = async {
+        loop {
+            let settled = events.lock().unwrap().iter().any(
+                |e| matches!(e, Event::Acked { tag, .. } | Event::Nacked { tag, .. } if *tag == PUBLISHES),
+            );
+            if settled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), settled_all)
+        .await
+        .expect("every publish confirmed within 30 s");
+
+    let events = events.lock().unwrap().clone();
+    let unroutable = unroutable.lock().unwrap().clone();
+    let mut settled = BTreeSet::new();
+    let mut waiting_returns = BTreeSet::new();
+    let mut returns = BTreeSet::new();
+    // Acks that came between a return and the ack settling its publish.
+    let mut acks_between = 0;
+    for event in &events {
+        match *event {
+            Event::Returned(sequence) => {
+                assert!(
+                    !settled.contains(&sequence),
+                    "publish {sequence} returned after its ack"
+                );
+                assert!(
+                    returns.insert(sequence),
+                    "publish {sequence} returned twice"
+                );
+                waiting_returns.insert(sequence);
+            }
+            Event::Acked { tag, multiple } => {
+                let covered: Vec<u64> = if multiple {
+                    (1..=tag).filter(|s| !settled.contains(s)).collect()
+                } else {
+                    vec![tag]
+                };
+                for sequence in &covered {
+                    assert!(settled.insert(*sequence), "publish {sequence} acked twice");
+                    waiting_returns.remove(sequence);
+                }
+                acks_between += waiting_returns.len();
+            }
+            Event::Nacked { tag, multiple } => {
+                panic!("the broker nacked {tag} (multiple {multiple})")
+            }
+        }
+    }
+    assert!(
+        waiting_returns.is_empty(),
+        "returns whose publish no ack settled: {waiting_returns:?}"
+    );
+    assert_eq!(settled.len() as u64, PUBLISHES, "publishes settled");
+    assert_eq!(
+        returns, unroutable,
+        "the returned publishes are exactly the unroutable ones"
+    );
+    eprintln!(
+        "{PUBLISHES} publishes, {} returned; {acks_between} times an ack of another publish came between a return and its own ack",
+        returns.len()
+    );
+
+    let _ = connection.close().await;
+    setup
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    setup
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = lapin.close(200, "done".into()).await;
+}
