@@ -403,8 +403,16 @@ async fn a_message_relayed_by_amqprs_keeps_every_property_and_header_type() {
         arrived.push(delivery);
     }
     let [through_plain, through_relay] = [&arrived[0], &arrived[1]];
-    let headers = through_plain.properties.headers().as_ref().expect("headers");
-    assert_eq!(headers.inner().len(), 17, "the broker kept every header: {headers:?}");
+    let headers = through_plain
+        .properties
+        .headers()
+        .as_ref()
+        .expect("headers");
+    assert_eq!(
+        headers.inner().len(),
+        17,
+        "the broker kept every header: {headers:?}"
+    );
     assert_eq!(through_relay.data, body);
     assert_eq!(through_relay.properties, through_plain.properties);
 

@@ -1,7 +1,8 @@
 //! `delay-bridge-bench <scenario>`: measurements against the real broker, built with
 //! `--features bench` beside the `delay-bridge` executable it measures. Every broker
 //! scenario first measures the broker's own ceiling (`baseline`) in the same run, with the
-//! same publisher and consumer, and prints its figures as ratios of it. Each scenario
+//! same publisher and consumer, and prints its figures as ratios of it (`client-relay`
+//! instead sets two AMQP clients side by side in one run). Each scenario
 //! prints a human table and then one JSON object (the last line of its output); each
 //! target of the performance table (README) is printed as PASS or MISS next to its figure.
 //!
@@ -147,7 +148,7 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::BrokerCrash(args) => faults::broker_loss::run(base, args, "broker-crash").await,
         Scenario::Fuzz(args) => faults::fuzz::run(base, args).await,
         Scenario::ClientRelay(args) => client_relay::run(base, config_path, args).await,
-        Scenario::RelayChild(args) => client_relay::child_main(base, args),
+        Scenario::RelayChild(_) => unreachable!("main runs a relay child on a runtime of its own"),
         Scenario::Spread(args) => spread::run(args),
     }
 }
