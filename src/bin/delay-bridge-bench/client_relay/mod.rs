@@ -1,9 +1,9 @@
 //! `delay-bridge-bench client-relay`: what the AMQP client costs per message, at a moderate
-//! rate or flat out. A delayed message is relayed twice by the bridge (work queue to a level, work
-//! queue to its target); this scenario relays a paced stream once (consume, publish with
-//! a confirm, ack) with each client in turn, each relay in a child process on one runtime
-//! worker as the bridge runs, and reports the relay's CPU time per message beside the
-//! broker's. lapin is the bridge's client; amqprs runs its I/O as tasks on the caller's
+//! rate or flat out. The bridge relays each delayed message at least twice (work queue to a
+//! level, work queue to its target); this scenario relays a stream once (consume, publish
+//! with a confirm, ack) with each client in turn, each relay in a child process on one
+//! runtime worker as the bridge runs, and reports the relay's CPU time per message beside
+//! the broker's. lapin is the bridge's client; amqprs runs its I/O as tasks on the caller's
 //! runtime instead of a thread of its own.
 
 mod amqprs_relay;
