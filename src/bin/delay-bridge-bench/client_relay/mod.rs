@@ -149,6 +149,9 @@ impl RelayQueues {
 
 /// Runs the scenario: each client in turn on its own pair of queues.
 pub async fn run(base: &Config, config_path: &Path, args: &Args) -> Result<()> {
+    if !(args.rate > 0.0 && args.rate.is_finite()) {
+        bail!("--rate must be a number of messages per second above 0");
+    }
     let count = (args.rate * args.seconds as f64).round().max(1.0) as u64;
     let broker = match BrokerProcess::find(base.url().expose()) {
         Ok(broker) => Some(broker),
