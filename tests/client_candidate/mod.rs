@@ -11,8 +11,7 @@ use amqprs::channel::{BasicPublishArguments, Channel as RsChannel, ConfirmSelect
 use amqprs::connection::{Connection as RsConnection, OpenConnectionArguments};
 use amqprs::{Ack, BasicProperties as RsProperties, Cancel, CloseChannel, Nack, Return};
 use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
@@ -117,14 +116,7 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
         )
         .await
         .unwrap();
-    setup
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    declare_queue(&setup, &queue).await;
     setup
         .queue_bind(
             queue.as_str().into(),
@@ -183,20 +175,12 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
     while let Some(published) = publishers.join_next().await {
         published.unwrap();
     }
-    let settled_all = async {
-        loop {
-            let settled = events.lock().unwrap().iter().any(
-                |e| matches!(e, Event::Acked { tag, .. } | Event::Nacked { tag, .. } if *tag == PUBLISHES),
-            );
-            if settled {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), settled_all)
-        .await
-        .expect("every publish confirmed within 30 s");
+    wait_until("every publish confirmed", Duration::from_secs(30), || {
+        events.lock().unwrap().iter().any(|e| {
+            matches!(e, Event::Acked { tag, .. } | Event::Nacked { tag, .. } if *tag == PUBLISHES)
+        })
+    })
+    .await;
 
     let events = events.lock().unwrap().clone();
     let unroutable = unroutable.lock().unwrap().clone();
@@ -291,21 +275,15 @@ fn every_property() -> lapin::BasicProperties {
         ),
         ("void", AMQPValue::Void),
     ];
-    let mut nested = FieldTable::default();
-    for (name, value) in &values {
-        nested.insert((*name).into(), value.clone());
-    }
+    let nested = headers(values.clone());
     let array = FieldArray::from(values.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>());
-    let mut headers = FieldTable::default();
-    for (name, value) in values {
-        headers.insert(name.into(), value);
-    }
-    headers.insert("table".into(), AMQPValue::FieldTable(nested));
-    headers.insert("array".into(), AMQPValue::FieldArray(array));
+    let mut every_type = headers(values);
+    every_type.insert("table".into(), AMQPValue::FieldTable(nested));
+    every_type.insert("array".into(), AMQPValue::FieldArray(array));
     lapin::BasicProperties::default()
         .with_content_type("application/json".into())
         .with_content_encoding("gzip".into())
-        .with_headers(headers)
+        .with_headers(every_type)
         .with_delivery_mode(2)
         .with_priority(7)
         .with_correlation_id("corr".into())
@@ -335,14 +313,7 @@ async fn a_message_relayed_by_amqprs_keeps_every_property_and_header_type() {
     let lapin = connect().await;
     let channel = lapin.create_channel().await.unwrap();
     for queue in [&plain, &into_relay, &out_of_relay] {
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        declare_queue(&channel, queue).await;
     }
     let body = b"{\"order\": 42}".to_vec();
     for queue in [&plain, &into_relay] {

@@ -59,7 +59,8 @@ pub struct ChildReport {
     pub context_switches: u64,
 }
 
-/// The child's own CPU time and context switches, read from `/proc/self`.
+/// The child's own CPU time (`process_usage`) and its threads' context switches, read from
+/// `/proc/self/task`.
 #[derive(Debug, Clone, Copy)]
 pub struct SelfUsage {
     cpu: Duration,
@@ -69,10 +70,8 @@ pub struct SelfUsage {
 impl SelfUsage {
     /// Reads them now.
     pub fn now() -> Result<Self> {
+        let cpu = crate::process_usage::read(std::process::id() as i32)?.cpu;
         let me = procfs::process::Process::myself().context("reading /proc/self")?;
-        let stat = me.stat().context("reading /proc/self/stat")?;
-        let ticks = procfs::ticks_per_second() as f64;
-        let cpu = Duration::from_secs_f64((stat.utime + stat.stime) as f64 / ticks);
         let mut context_switches = 0;
         for task in me.tasks().context("listing /proc/self/task")?.flatten() {
             if let Ok(status) = task.status() {
