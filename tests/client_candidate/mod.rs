@@ -396,3 +396,75 @@ async fn a_message_relayed_by_amqprs_keeps_every_property_and_header_type() {
     }
     let _ = lapin.close(200, "done".into()).await;
 }
+
+/// AMQP long strings are bytes, and a header may carry any (the bridge delivers such a
+/// message as it came: `hostile::a_header_whose_long_string_is_not_utf8_is_delivered_as_it_came`).
+/// amqprs 2.1 reads every long string as UTF-8 text: a delivery whose header is not ends
+/// its whole connection, not only that message, and the message, unacked, is delivered
+/// again to the next consumer. A bridge consuming with amqprs would lose its session to such
+/// a message at every redelivery. So amqprs cannot carry the bridge's deliveries as it is.
+#[tokio::test]
+async fn amqprs_loses_its_connection_to_a_delivery_whose_header_is_not_utf8() {
+    use amqprs::channel::BasicConsumeArguments;
+    use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, LongString};
+    const WITHIN: Duration = Duration::from_secs(10);
+    let queue = format!("{}.q", unique_prefix("amqprs-not-utf8"));
+    let lapin = connect().await;
+    let channel = lapin.create_channel().await.unwrap();
+    declare_queue(&channel, &queue).await;
+    let connection = rs_connect().await;
+    let consuming = connection.open_channel(None).await.unwrap();
+    let (_, mut deliveries) = consuming
+        .basic_consume_rx(BasicConsumeArguments::new(&queue, ""))
+        .await
+        .expect("amqprs consumes the empty queue");
+    let binary = AMQPValue::LongString(LongString::from(vec![0xff_u8, 0xfe, 0x00, 0xc3]));
+    channel
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"binary",
+            lapin::BasicProperties::default().with_headers(headers(vec![("binary", binary)])),
+        )
+        .await
+        .unwrap();
+    let handed_over = tokio::time::timeout(WITHIN, deliveries.recv())
+        .await
+        .expect("the consumer ends within 10 s");
+    assert!(
+        handed_over.is_none(),
+        "amqprs read the message: did it learn to read binary long strings?"
+    );
+    assert!(!connection.is_open(), "amqprs closed its whole connection");
+    // Unacked, the message is back in the queue for the next consumer.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let ready = channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the queue exists")
+            .message_count();
+        if ready == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the message is not back in the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = lapin.close(200, "done".into()).await;
+}

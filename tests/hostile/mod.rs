@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use delay_bridge::config::Route;
-use lapin::ExchangeKind;
+use lapin::types::{AMQPValue, LongString};
+use lapin::{BasicProperties, ExchangeKind};
 
 use crate::support::raw::{deep_headers, publish_raw};
 use crate::support::*;
@@ -61,6 +62,28 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     }
     assert!(bridge.exited().unwrap().is_none(), "the bridge is alive");
     assert!(bridge.terminate(20 * SEC).await.unwrap().success());
+    w.cleanup().await;
+}
+
+/// AMQP long strings are bytes, not text: a header value, and `x-delay` itself, that is not
+/// UTF-8 is legal on the wire (some clients write binary values this way). The message is
+/// delivered with its header byte for byte, and the bridge goes on without a reconnect.
+#[tokio::test]
+async fn a_header_whose_long_string_is_not_utf8_is_delivered_as_it_came() {
+    let mut w = World::start(Setup::new("not-utf8")).await;
+    let binary = AMQPValue::LongString(LongString::from(vec![0xff_u8, 0xfe, 0x00, 0xc3]));
+    let properties = BasicProperties::default().with_headers(headers(vec![
+        ("x-delay", AMQPValue::LongLongInt(300)),
+        ("binary", binary.clone()),
+    ]));
+    w.publish("rk.binary", b"binary", properties).await;
+    w.publish("rk.after", b"after", with_delay(600)).await;
+    let first = w.recv_within(10 * SEC).await;
+    assert_eq!(first.body, b"binary");
+    assert_eq!(first.header("binary"), Some(&binary));
+    let after = w.recv_within(10 * SEC).await;
+    assert_eq!(after.body, b"after");
+    assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.cleanup().await;
 }
 
