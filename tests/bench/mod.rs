@@ -351,3 +351,52 @@ async fn bench_tombstones_smoke() {
     }
     assert!(json["rss_full_bytes"].as_u64().unwrap() > 0, "{json}");
 }
+
+/// A rate, a duration or a limit of 0, below 0 or not a number is refused when the command
+/// line is read, by every scenario that takes one, with an error that names the option: it
+/// never reaches a division or a `Duration` (`baseline --rate 0` panicked on one).
+#[test]
+fn bench_options_that_must_be_above_zero_refuse_zero_negative_and_nan() {
+    let options: [(&str, &str); 20] = [
+        ("baseline", "--rate"),
+        ("baseline", "--paced-seconds"),
+        ("steady", "--rate"),
+        ("steady", "--seconds"),
+        ("steady", "--baseline-paced-seconds"),
+        ("capacity", "--from"),
+        ("capacity", "--ceiling"),
+        ("capacity", "--seconds"),
+        ("capacity", "--resolution"),
+        ("capacity", "--p99-limit-ms"),
+        ("client-relay", "--rate"),
+        ("connection-cuts", "--rate"),
+        ("bridge-chaos", "--rate"),
+        ("node-loss", "--rate"),
+        ("broker-crash", "--rate"),
+        ("burst", "--baseline-paced-seconds"),
+        ("hop", "--baseline-paced-seconds"),
+        ("pending", "--baseline-paced-seconds"),
+        ("cancel-horizon", "--baseline-paced-seconds"),
+        ("tombstones", "--baseline-paced-seconds"),
+    ];
+    for (scenario, option) in options {
+        for value in ["0", "-1", "NaN", "inf"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_delay-bridge-bench"))
+                .args([scenario, &format!("{option}={value}")])
+                .env("DELAY_BRIDGE_URL", "amqp://guest:guest@127.0.0.1:1/%2f")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{scenario} {option}={value}: a usage error, not {:?}:\n{stderr}",
+                out.status
+            );
+            assert!(
+                stderr.contains(option) && stderr.contains("above 0"),
+                "{scenario} {option}={value}: the error names the option and the rule:\n{stderr}"
+            );
+        }
+    }
+}

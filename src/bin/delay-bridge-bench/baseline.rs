@@ -20,6 +20,7 @@ use delay_bridge::amqp;
 use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
 
+use super::above_zero::above_zero;
 use super::broker_process::BrokerProcess;
 use super::load::{Arrivals, Collector, HEADER_BYTES, Outgoing, body, now_us, publish};
 use super::{Spread, ms};
@@ -31,10 +32,10 @@ pub struct Args {
     #[arg(long, default_value_t = 50_000)]
     count: u64,
     /// The paced pass's rate, msg/s.
-    #[arg(long, default_value_t = 2000.0)]
+    #[arg(long, default_value_t = 2000.0, value_parser = above_zero)]
     rate: f64,
     /// How long the paced pass lasts, seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = above_zero)]
     paced_seconds: f64,
     /// Body size, bytes (at least 16).
     #[arg(long, default_value_t = 100)]
@@ -48,7 +49,7 @@ pub struct BaselineArgs {
     #[arg(long, default_value_t = 50_000)]
     pub baseline_count: u64,
     /// How long the baseline's paced pass lasts, seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = above_zero)]
     pub baseline_paced_seconds: f64,
 }
 

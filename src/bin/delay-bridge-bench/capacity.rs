@@ -10,6 +10,7 @@ use serde_json::json;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
 
+use super::above_zero::above_zero;
 use super::baseline::{self, BaselineArgs};
 use super::broker_process::BrokerSeries;
 use super::cost::Cost;
@@ -20,20 +21,20 @@ use super::{Spread, Target, bridge_description, ms, print_report, print_targets}
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The first rate tried, msg/s.
-    #[arg(long, default_value_t = 500.0)]
+    #[arg(long, default_value_t = 500.0, value_parser = above_zero)]
     from: f64,
     /// No rate above this is tried, msg/s.
-    #[arg(long, default_value_t = 16_000.0)]
+    #[arg(long, default_value_t = 16_000.0, value_parser = above_zero)]
     ceiling: f64,
     /// How long each run publishes, seconds.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = above_zero)]
     seconds: f64,
     /// The search stops when the first missing rate is within this share above the last
     /// passing one.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = above_zero)]
     resolution: f64,
     /// The p99 lateness a run may have, ms.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = above_zero)]
     p99_limit_ms: f64,
     #[command(flatten)]
     shape: Shape,
@@ -148,10 +149,9 @@ fn run_json(rate: f64, m: &Measured, pass: bool) -> serde_json::Value {
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let (min, max) = args.shape.delays()?;
     anyhow::ensure!(
-        args.from > 0.0 && args.ceiling >= args.from && args.seconds > 0.0,
-        "--from, --ceiling and --seconds must be > 0, --ceiling at least --from"
+        args.ceiling >= args.from,
+        "--ceiling must be at least --from"
     );
-    anyhow::ensure!(args.resolution > 0.0, "--resolution must be > 0");
     let first = args
         .baseline
         .measure(base, args.shape.body_size, args.from)

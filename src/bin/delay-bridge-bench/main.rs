@@ -10,6 +10,7 @@
 //! `delay-bridge run` as a child process ([`measured_bridge`], so its RSS and CPU time are
 //! its own); `cancel-horizon` runs the library's `Bridge::run` in process.
 
+mod above_zero;
 mod baseline;
 mod broker_memory;
 mod broker_process;

@@ -13,6 +13,7 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
+use super::above_zero::above_zero;
 use super::baseline::{Baseline, BaselineArgs};
 use super::broker_process::{BrokerProcess, BrokerSeries};
 use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
@@ -27,10 +28,10 @@ use crate::process_usage::UsageSpan;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Messages per second.
-    #[arg(long, default_value_t = 2000.0)]
+    #[arg(long, default_value_t = 2000.0, value_parser = above_zero)]
     rate: f64,
     /// How long to publish, seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = above_zero)]
     seconds: f64,
     #[command(flatten)]
     shape: Shape,
@@ -74,10 +75,6 @@ const ACHIEVED_SHARE: f64 = 0.99;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let (min, max) = args.shape.delays()?;
-    anyhow::ensure!(
-        args.rate > 0.0 && args.seconds > 0.0,
-        "--rate and --seconds must be > 0"
-    );
     let count = (args.rate * args.seconds).round().max(1.0) as u64;
 
     let baseline = args

@@ -28,6 +28,7 @@ use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
 use delay_bridge::sandbox::queue_counts;
 
+use super::above_zero::above_zero;
 use super::broker_process::BrokerProcess;
 use super::load::{Arrivals, Collector, Outgoing, body, now_us, publish};
 use super::{Spread, Target, print_targets, targets_json};
@@ -42,7 +43,7 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Messages per second published to each relay.
-    #[arg(long, default_value_t = 2000.0)]
+    #[arg(long, default_value_t = 2000.0, value_parser = above_zero)]
     rate: f64,
     /// Seconds of load per client (`rate` x `seconds` messages).
     #[arg(long, default_value_t = 30)]
@@ -149,9 +150,6 @@ impl RelayQueues {
 
 /// Runs the scenario: each client in turn on its own pair of queues.
 pub async fn run(base: &Config, config_path: &Path, args: &Args) -> Result<()> {
-    if !(args.rate > 0.0 && args.rate.is_finite()) {
-        bail!("--rate must be a number of messages per second above 0");
-    }
     let count = (args.rate * args.seconds as f64).round().max(1.0) as u64;
     let broker = match BrokerProcess::find(base.url().expose()) {
         Ok(broker) => Some(broker),

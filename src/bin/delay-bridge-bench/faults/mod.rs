@@ -23,6 +23,7 @@ use delay_bridge::contract::header;
 use delay_bridge::ladder::{format_duration, parse_duration};
 use delay_bridge::naming::Names;
 
+use super::above_zero::above_zero;
 use super::load::{Outgoing, consume_no_ack, due_at, read_body};
 use super::{Spread, Target, ms, print_targets, targets_json};
 use traffic::{Seen, Sent};
@@ -34,7 +35,7 @@ pub struct Load {
     #[arg(long, default_value_t = 50_000)]
     pub count: u64,
     /// Messages per second.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 1000.0, value_parser = above_zero)]
     pub rate: f64,
     /// The shortest delay.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
@@ -47,10 +48,7 @@ pub struct Load {
 impl Load {
     /// Checks the options.
     pub fn check(&self) -> Result<()> {
-        anyhow::ensure!(
-            self.count > 0 && self.rate > 0.0,
-            "--count and --rate must be > 0"
-        );
+        anyhow::ensure!(self.count > 0, "--count must be > 0");
         anyhow::ensure!(
             self.min_delay <= self.max_delay,
             "--min-delay must not exceed --max-delay"
