@@ -1,5 +1,6 @@
 //! What moving the bridge's data path to amqprs (docs/performance.md, "The client's share")
-//! would rely on, checked on the real broker before anything relies on it. amqprs is a
+//! would rely on, checked on the real broker before anything relies on it, and what rules
+//! the move out (a delivery with a binary long string ends amqprs's connection). amqprs is a
 //! dependency of the `bench` feature only, as is this module.
 
 use std::collections::BTreeSet;
