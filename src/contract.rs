@@ -25,7 +25,7 @@ mod value;
 pub use decode::{decode, redelivered_too_often};
 pub use encode::{
     consumed_properties, delivery_properties, hop_properties, parked_properties,
-    parked_properties_without_headers,
+    parked_properties_without_headers, unreadable_parked,
 };
 pub use reason::{ParkReason, Parked};
 pub use size::{content_header_frame_len, fits_frame};
@@ -89,6 +89,12 @@ pub mod header {
     pub const DETAIL: &str = "delay-bridge-detail";
     /// On parked messages: when the bridge parked it, epoch ms.
     pub const PARKED_AT: &str = "delay-bridge-parked-at";
+    /// On messages parked `unreadable`: the original content header's property bytes
+    /// (flags, then the properties), as the broker delivered them (RabbitMQ 4 may encode
+    /// again, in another order, a header table it could read).
+    pub const RAW_PROPERTIES: &str = "delay-bridge-raw-properties";
+    /// On messages parked `unreadable` whose routing key is not UTF-8: its bytes.
+    pub const RAW_ROUTING_KEY: &str = "delay-bridge-raw-routing-key";
     /// On delivered messages whose publisher set a `user_id` other than the bridge's user.
     pub const ORIGINAL_USER_ID: &str = "original-user-id";
     /// Failed deliveries so far, set by quorum queues on redelivery.
@@ -98,7 +104,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 25] = [
+    pub const ALL: [&str; 27] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -120,6 +126,8 @@ pub mod header {
         REASON,
         DETAIL,
         PARKED_AT,
+        RAW_PROPERTIES,
+        RAW_ROUTING_KEY,
         ORIGINAL_USER_ID,
         DELIVERY_COUNT,
         "x-death",

@@ -1,11 +1,13 @@
 //! AMQP plumbing: connecting (password never shown), a queue's depth, and the one
 //! confirmed publish path ([`publisher::Publisher`]).
 
+mod bare;
 mod depth;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod targets;
 mod tls;
+pub(crate) mod unreadable;
 pub(crate) mod verdict;
 
 pub use depth::{QueueCounts, queue_counts};

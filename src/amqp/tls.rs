@@ -57,6 +57,26 @@ pub(super) async fn connect(
     .await
 }
 
+/// A byte stream to the broker of `uri`, over TLS with `tls` when given (checking the
+/// broker's certificate against `server_name`, or the URI's host), as lapin's own
+/// connections open it. For [`super::bare`], which speaks AMQP over it without lapin.
+pub(super) async fn stream(
+    uri: &AMQPUri,
+    server_name: Option<&str>,
+    tls: Option<OwnedTLSConfig>,
+) -> io::Result<impl futures::AsyncRead + futures::AsyncWrite + Unpin + Send + use<>> {
+    let runtime = lapin::runtime::default_runtime().map_err(io::Error::other)?;
+    let addresses = runtime.to_socket_addrs((uri.authority.host.clone(), uri.authority.port));
+    let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
+    match tls {
+        None => Ok(stream),
+        Some(tls) => {
+            let server_name = server_name.unwrap_or(&uri.authority.host);
+            stream.into_tls(server_name, tls.as_ref()).await
+        }
+    }
+}
+
 fn read_bytes(key: &str, path: &Path) -> io::Result<Vec<u8>> {
     std::fs::read(path)
         .map_err(|e| io::Error::new(e.kind(), format!("reading {key} {}: {e}", path.display())))

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, ConnectError};
 use crate::cancel::TombstoneSet;
 use crate::config::Config;
+use crate::contract::ParkReason;
 use crate::topology::{Topology, TopologyError};
 
 /// Why the bridge stopped (or one session of it ended).
@@ -70,6 +71,20 @@ impl BridgeError {
             BridgeError::Connect(e) => matches!(amqp::reply_code(&e.source), Some(403 | 530)),
             _ => false,
         }
+    }
+
+    /// True when the AMQP client failed the connection on a frame it could not parse: a
+    /// delivery with a short string that is not UTF-8 (see [`crate::amqp::unreadable`]).
+    fn is_unreadable_frame(&self) -> bool {
+        let source = match self {
+            BridgeError::Broker { source, .. } => source,
+            BridgeError::Publish {
+                source: amqp::PublishError::Broker(source),
+                ..
+            } => source,
+            _ => return false,
+        };
+        matches!(source.kind(), lapin::ErrorKind::ParsingError(_))
     }
 
     fn broker(what: &'static str) -> impl FnOnce(lapin::Error) -> BridgeError {
@@ -304,6 +319,17 @@ impl Bridge {
                     return Err(e);
                 }
                 Err(e) => {
+                    // A delivery lapin cannot read fails every session that receives it:
+                    // take it out of the work queue and start again at once. When there
+                    // is none there (the frame came on another channel), this is a loss
+                    // like any other.
+                    if e.is_unreadable_frame()
+                        && self.sweep_unreadable(&config.urls[broker], &e).await > 0
+                    {
+                        self.ready_tx.send_replace(false);
+                        self.shared.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     // A session that got as far as consuming worked: its loss is news.
                     let worked = self.ready_tx.send_replace(false);
                     if worked {
@@ -324,6 +350,47 @@ impl Bridge {
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }
+            }
+        }
+    }
+
+    /// After `lost`, parks the deliveries at the head of the work queue that the AMQP
+    /// client cannot read ([`amqp::unreadable::sweep`]), within [`SWEEP_TIMEOUT`]; gives
+    /// how many. A failure is logged: the next session that meets such a delivery fails
+    /// again, and this runs again.
+    async fn sweep_unreadable(&self, url: &crate::config::BrokerUrl, lost: &BridgeError) -> u64 {
+        tracing::warn!(
+            "{lost}: the AMQP client cannot read a frame; looking for deliveries it cannot read in the work queue"
+        );
+        let config = &self.shared.config;
+        let swept = tokio::time::timeout(
+            SWEEP_TIMEOUT,
+            amqp::unreadable::sweep(url, &config.names, config.prefetch, SWEEP_IDLE),
+        )
+        .await;
+        match swept {
+            Ok(Ok(swept)) => {
+                let stats = &self.shared.stats;
+                stats.parked.fetch_add(swept.parked, Ordering::Relaxed);
+                for _ in 0..swept.parked {
+                    self.shared.instruments.parked(ParkReason::Unreadable);
+                }
+                tracing::warn!(
+                    parked = swept.parked,
+                    given_back = swept.readable,
+                    "parked deliveries the AMQP client cannot read (reason `unreadable`)"
+                );
+                swept.parked
+            }
+            Ok(Err(e)) => {
+                tracing::error!("taking an unreadable delivery out of the work queue: {e}");
+                0
+            }
+            Err(_) => {
+                tracing::error!(
+                    "taking an unreadable delivery out of the work queue took over {SWEEP_TIMEOUT:?}"
+                );
+                0
             }
         }
     }
@@ -364,6 +431,11 @@ impl Bridge {
         result
     }
 }
+
+/// How long a sweep for unreadable deliveries may take.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// A sweep stops when no delivery came for this long.
+const SWEEP_IDLE: Duration = Duration::from_secs(1);
 
 /// How long closing a channel or the connection may take before the bridge goes on without
 /// the broker's answer.

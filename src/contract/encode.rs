@@ -229,3 +229,54 @@ pub fn parked_properties_without_headers(
         parked_at_ms,
     )
 }
+
+/// The parked copy of a message the AMQP client cannot read (see
+/// [`ParkReason::Unreadable`](super::ParkReason::Unreadable)): its routing key (made UTF-8,
+/// the lost bytes replaced) and properties that any client reads. They are persistent and
+/// carry the reason, a detail saying that `what` could not be read, when it was parked, the
+/// original property bytes (`delay-bridge-raw-properties`), and the routing key's bytes
+/// when they are not UTF-8 (`delay-bridge-raw-routing-key`).
+pub fn unreadable_parked(
+    raw_properties: &[u8],
+    routing_key: &[u8],
+    what: &str,
+    parked_at_ms: u64,
+) -> (ShortString, BasicProperties) {
+    let parked = Parked::new(
+        super::ParkReason::Unreadable,
+        format!(
+            "the AMQP client cannot read {what}: a short string that is not UTF-8; the original properties are kept as bytes in {}",
+            header::RAW_PROPERTIES
+        ),
+    );
+    let mut headers = BTreeMap::new();
+    headers.insert(
+        key(header::RAW_PROPERTIES),
+        AMQPValue::ByteArray(raw_properties.to_vec().into()),
+    );
+    let readable_key = match std::str::from_utf8(routing_key) {
+        Ok(text) => text.to_string(),
+        Err(_) => {
+            headers.insert(
+                key(header::RAW_ROUTING_KEY),
+                AMQPValue::ByteArray(routing_key.to_vec().into()),
+            );
+            String::from_utf8_lossy(routing_key).into_owned()
+        }
+    };
+    let properties = BasicProperties::default().with_headers(FieldTable::from(headers));
+    (
+        truncated_short_string(&readable_key),
+        parked_properties(&properties, &parked, parked_at_ms),
+    )
+}
+
+/// `text` cut to the 255 bytes a short string holds, at a character boundary (a lossy
+/// UTF-8 conversion may have made it longer).
+fn truncated_short_string(text: &str) -> ShortString {
+    let mut end = text.len().min(255);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    ShortString::from(&text[..end])
+}

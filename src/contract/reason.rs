@@ -33,11 +33,14 @@ pub enum ParkReason {
     /// The target's queue refused the message (nack, `reject-publish` overflow) for longer
     /// than `bridge.target_full_timeout`.
     TargetFull,
+    /// The AMQP client cannot read the message: a short string (a header name, a property,
+    /// the routing key) is not UTF-8. Parked with its properties as bytes; not replayable.
+    Unreadable,
 }
 
 impl ParkReason {
     /// Every reason.
-    pub const ALL: [ParkReason; 13] = [
+    pub const ALL: [ParkReason; 14] = [
         ParkReason::BadDelay,
         ParkReason::BadDeliverAt,
         ParkReason::BadPublishedAt,
@@ -51,6 +54,7 @@ impl ParkReason {
         ParkReason::TargetRefused,
         ParkReason::TooLarge,
         ParkReason::TargetFull,
+        ParkReason::Unreadable,
     ];
 
     /// The stable code written to `delay-bridge-reason`.
@@ -69,6 +73,7 @@ impl ParkReason {
             ParkReason::TargetRefused => "target-refused",
             ParkReason::TooLarge => "too-large",
             ParkReason::TargetFull => "target-full",
+            ParkReason::Unreadable => "unreadable",
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use delay_bridge::config::Route;
+use delay_bridge::contract::{ParkReason, header};
 use lapin::types::{AMQPValue, LongString};
 use lapin::{BasicProperties, ExchangeKind};
 
@@ -85,6 +86,140 @@ async fn a_header_whose_long_string_is_not_utf8_is_delivered_as_it_came() {
     assert_eq!(after.body, b"after");
     assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
     w.cleanup().await;
+}
+
+/// AMQP says short strings (header names, most properties, the routing key) are UTF-8, but
+/// the broker passes on any bytes. The AMQP client fails its whole connection on such a
+/// delivery, and the broker gives it to the next session, which failed the same way: ten
+/// reconnects a second and nothing else moved (281 reconnects in 30 s, nothing consumed).
+/// Now the bridge parks it `unreadable` after the first failure, with the original property
+/// bytes and the body, and goes on.
+async fn an_unreadable_delivery_is_parked_and_the_bridge_goes_on(
+    name: &str,
+    routing_key: &[u8],
+    properties: &[u8],
+) -> Received {
+    let mut w = World::start(Setup::new(name)).await;
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        &w.ingress,
+        routing_key,
+        properties,
+        b"unreadable",
+    )
+    .await;
+    w.publish("rk.after", b"after", with_delay(600)).await;
+    let parked = w.parked_within(20 * SEC).await;
+    assert_eq!(parked.body, b"unreadable");
+    assert_eq!(
+        parked.header(header::REASON),
+        Some(&text(ParkReason::Unreadable.as_str()))
+    );
+    let Some(AMQPValue::ByteArray(raw)) = parked.header(header::RAW_PROPERTIES) else {
+        panic!("the original properties as bytes: {:?}", parked.properties);
+    };
+    // RabbitMQ 4 encodes again a table it can read (its entries in another order).
+    let parse = |bytes: &[u8]| lapin::protocol::basic::parse_properties(bytes).map(|(_, p)| p);
+    match (parse(raw.as_slice()), parse(properties)) {
+        (Ok(kept), Ok(sent)) => assert_eq!(kept, sent, "the original properties"),
+        _ => assert_eq!(
+            raw.as_slice(),
+            properties,
+            "the original properties, byte for byte"
+        ),
+    }
+    let after = w.recv_within(10 * SEC).await;
+    assert_eq!(after.body, b"after", "the bridge goes on");
+    let counts = w.stats().snapshot();
+    assert_eq!(counts.parked, 1);
+    assert_eq!(
+        counts.reconnects, 1,
+        "one session lost to it, not one per redelivery"
+    );
+    w.cleanup().await;
+    parked
+}
+
+/// An unreadable delivery among readable ones: those the failed session held go back to
+/// the queue with it, the sweep gives back those it read before it, and every readable
+/// message arrives (a session lost mid-flight may deliver one twice, never none).
+#[tokio::test]
+async fn an_unreadable_delivery_amid_a_stream_costs_one_session_and_no_message() {
+    const EACH_SIDE: usize = 200;
+    let mut w = World::start(Setup::new("unreadable-amid")).await;
+    let publish_batch = |from: usize| {
+        let w = &w;
+        async move {
+            for i in from..from + EACH_SIDE {
+                w.publish(
+                    &format!("rk.{i}"),
+                    format!("m{i}").as_bytes(),
+                    with_delay(800),
+                )
+                .await;
+            }
+        }
+    };
+    publish_batch(0).await;
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(800, &[0xc0, 0x80]));
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        &w.ingress,
+        b"rk.bad",
+        &properties,
+        b"unreadable",
+    )
+    .await;
+    publish_batch(EACH_SIDE).await;
+    let parked = w.parked_within(20 * SEC).await;
+    assert_eq!(parked.body, b"unreadable");
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 * EACH_SIDE {
+        let m = w.recv_within(20 * SEC).await;
+        seen.insert(String::from_utf8(m.body).unwrap());
+    }
+    assert!(w.pending_in_queues().await == 0, "nothing left behind");
+    assert_eq!(w.stats().snapshot().reconnects, 1);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_header_name_that_is_not_utf8_is_parked_unreadable() {
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
+    let parked = an_unreadable_delivery_is_parked_and_the_bridge_goes_on(
+        "name-not-utf8",
+        b"rk.bad",
+        &properties,
+    )
+    .await;
+    assert_eq!(parked.routing_key, "rk.bad");
+    assert_eq!(parked.header(header::RAW_ROUTING_KEY), None);
+}
+
+#[tokio::test]
+async fn a_message_id_that_is_not_utf8_is_parked_unreadable() {
+    let properties = crate::support::raw::message_id_properties(300, &[b'i', 0xc3, b'd']);
+    an_unreadable_delivery_is_parked_and_the_bridge_goes_on("id-not-utf8", b"rk.bad", &properties)
+        .await;
+}
+
+#[tokio::test]
+async fn a_routing_key_that_is_not_utf8_is_parked_unreadable() {
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, b"fine"));
+    let routing_key = [b'r', b'k', 0xff];
+    let parked = an_unreadable_delivery_is_parked_and_the_bridge_goes_on(
+        "key-not-utf8",
+        &routing_key,
+        &properties,
+    )
+    .await;
+    assert_eq!(
+        parked.header(header::RAW_ROUTING_KEY),
+        Some(&AMQPValue::ByteArray(routing_key.to_vec().into()))
+    );
 }
 
 /// A message whose headers fill the broker's 128 KiB frame (the content header must fit in

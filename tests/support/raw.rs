@@ -59,6 +59,22 @@ pub fn padded_headers(delay_ms: i64, pad: usize) -> Vec<u8> {
     table
 }
 
+/// A header table, encoded: `x-delay` (long-long) and one entry whose name is `name`, bytes
+/// that need not be UTF-8, holding a long-long 1.
+pub fn headers_named(delay_ms: i64, name: &[u8]) -> Vec<u8> {
+    let mut entries = Vec::new();
+    short_string(&mut entries, "x-delay");
+    entries.push(b'l');
+    entries.extend_from_slice(&delay_ms.to_be_bytes());
+    entries.push(name.len() as u8);
+    entries.extend_from_slice(name);
+    entries.push(b'l');
+    entries.extend_from_slice(&1i64.to_be_bytes());
+    let mut table = (entries.len() as u32).to_be_bytes().to_vec();
+    table.extend(entries);
+    table
+}
+
 struct Conn {
     stream: TcpStream,
 }
@@ -110,6 +126,35 @@ pub async fn publish_raw(
     headers: &[u8],
     body: &[u8],
 ) {
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec(); // headers only
+    properties.extend_from_slice(headers);
+    publish_raw_properties(url, exchange, routing_key.as_bytes(), &properties, body).await;
+}
+
+/// The encoded properties of a message with `message_id` (any bytes) and a header table
+/// holding `x-delay`.
+pub fn message_id_properties(delay_ms: i64, message_id: &[u8]) -> Vec<u8> {
+    let mut properties = ((1u16 << 13) | (1u16 << 7)).to_be_bytes().to_vec();
+    let mut entries = Vec::new();
+    short_string(&mut entries, "x-delay");
+    entries.push(b'l');
+    entries.extend_from_slice(&delay_ms.to_be_bytes());
+    properties.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+    properties.extend(entries);
+    properties.push(message_id.len() as u8);
+    properties.extend_from_slice(message_id);
+    properties
+}
+
+/// Publishes one message with `properties` (the property flags, then the encoded
+/// properties) and a routing key of any bytes, and waits for its confirm.
+pub async fn publish_raw_properties(
+    url: &str,
+    exchange: &str,
+    routing_key: &[u8],
+    properties: &[u8],
+    body: &[u8],
+) {
     let url = url::Url::parse(url).unwrap();
     let host = url.host_str().unwrap().to_string();
     let port = url.port().unwrap_or(5672);
@@ -148,14 +193,14 @@ pub async fn publish_raw(
     c.expect(85, 11).await;
     let mut publish = 0u16.to_be_bytes().to_vec();
     short_string(&mut publish, exchange);
-    short_string(&mut publish, routing_key);
+    publish.push(routing_key.len() as u8);
+    publish.extend_from_slice(routing_key);
     publish.push(0);
     c.method(1, 60, 40, &publish).await;
     let mut header = 60u16.to_be_bytes().to_vec();
     header.extend_from_slice(&0u16.to_be_bytes());
     header.extend_from_slice(&(body.len() as u64).to_be_bytes());
-    header.extend_from_slice(&(1u16 << 13).to_be_bytes()); // headers only
-    header.extend_from_slice(headers);
+    header.extend_from_slice(properties);
     c.send(FRAME_HEADER, 1, &header).await;
     c.send(FRAME_BODY, 1, body).await;
     c.expect(60, 80).await; // basic.ack

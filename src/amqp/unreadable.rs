@@ -1,0 +1,376 @@
+//! Deliveries lapin cannot read, taken out of the work queue so they cannot stall it.
+//!
+//! AMQP says short strings (header names, most properties, the routing key) are UTF-8, but
+//! the broker passes on whatever bytes a publisher sent. lapin fails its whole connection on
+//! such a delivery; the broker hands the message to the next session, which fails the same
+//! way, for ever, and no other message moves. After a session failed so, the bridge runs
+//! [`sweep`]: a bare connection ([`super::bare`]) consumes the work queue, parks every
+//! delivery lapin cannot read as a message it can (the original's properties kept as bytes
+//! in a header, its body as it was), acks it once the broker confirmed the parked copy, and
+//! closes, which gives every readable delivery it took back to the queue.
+
+use std::time::Duration;
+
+use amq_protocol::protocol::{AMQPClass, basic, confirm};
+use futures::{AsyncRead, AsyncWrite};
+use lapin::types::{FieldTable, ShortString};
+use lapin::uri::{AMQPScheme, AMQPUri};
+use thiserror::Error;
+
+use super::bare::{Bare, BareError, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, RawFrame};
+use super::tls;
+use crate::clock::now_ms;
+use crate::config::BrokerUrl;
+use crate::contract;
+use crate::naming::Names;
+
+/// Why a sweep stopped before it was done (what it parked until then stays parked).
+#[derive(Debug, Error)]
+pub enum SweepError {
+    /// The connection failed or the broker said something unexpected.
+    #[error(transparent)]
+    Bare(#[from] BareError),
+    /// The broker URL or its TLS files.
+    #[error("{0}")]
+    Setup(String),
+    /// The parked copy was not taken (returned: no queue is bound to the parked exchange;
+    /// or nacked): the message stays in the work queue.
+    #[error("the parked exchange did not take an unreadable message: {0}")]
+    NotParked(String),
+}
+
+/// What a sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Deliveries lapin can read, given back to the queue.
+    pub readable: u64,
+    /// Deliveries lapin cannot read, now in the parked queue.
+    pub parked: u64,
+}
+
+/// Consumes `names`' work queue on a bare connection to `url`, at most `window` deliveries
+/// at once, until it read one lapin cannot read or none came for `idle`; then parks every
+/// unreadable one it holds (see the module) and closes.
+pub async fn sweep(
+    url: &BrokerUrl,
+    names: &Names,
+    window: u16,
+    idle: Duration,
+) -> Result<Swept, SweepError> {
+    let uri: AMQPUri = url
+        .expose()
+        .parse()
+        .map_err(|e| SweepError::Setup(format!("the broker URL: {e}")))?;
+    let tls = match (url.tls(), &uri.scheme) {
+        (Some(files), _) => Some((
+            tls::read(files).map_err(|e| SweepError::Setup(e.to_string()))?,
+            files.server_name.clone(),
+        )),
+        (None, AMQPScheme::AMQPS) => Some((Default::default(), None)),
+        (None, AMQPScheme::AMQP) => None,
+    };
+    let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
+    let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config))
+        .await
+        .map_err(BareError::Io)?;
+    let name = format!("delay-bridge {} sweep", names.prefix());
+    let mut bare = Bare::open(stream, &uri, &name).await?;
+    let result = sweep_on(&mut bare, names, window, idle).await;
+    bare.close().await;
+    result
+}
+
+async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
+    bare: &mut Bare<S>,
+    names: &Names,
+    window: u16,
+    idle: Duration,
+) -> Result<Swept, SweepError> {
+    bare.call(
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+        |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
+    )
+    .await?;
+    bare.call(
+        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+            prefetch_count: window.max(1),
+            global: false,
+        })),
+        |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
+    )
+    .await?;
+    let consumer_tag = match bare
+        .call(
+            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                queue: names.work_queue().as_str().into(),
+                consumer_tag: ShortString::from(""),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))),
+        )
+        .await?
+    {
+        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)) => ok.consumer_tag,
+        _ => unreachable!("call returns the reply it accepted"),
+    };
+
+    let mut swept = Swept::default();
+    let mut unreadable = Vec::new();
+    // Until the first unreadable one: the message that failed the session is at the head
+    // of the queue, among the deliveries that session held.
+    while unreadable.is_empty() && swept.readable < u64::from(window.max(1)) {
+        match tokio::time::timeout(idle, next_delivery(bare)).await {
+            Err(_) => break,
+            Ok(next) => match next? {
+                Next::Delivery(d) if d.readable() => swept.readable += 1,
+                Next::Delivery(d) => unreadable.push(d),
+                Next::Cancelled => break,
+            },
+        }
+    }
+    // No more: those already on their way still arrive before the cancel's answer.
+    bare.send_method(
+        super::bare::CHANNEL,
+        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag,
+            nowait: false,
+        })),
+    )
+    .await?;
+    loop {
+        match next_delivery(bare).await? {
+            Next::Delivery(d) if d.readable() => swept.readable += 1,
+            Next::Delivery(d) => unreadable.push(d),
+            Next::Cancelled => break,
+        }
+    }
+
+    let exchange = names.parked_exchange();
+    for (seq, delivery) in (1u64..).zip(&unreadable) {
+        let (routing_key, properties) = contract::unreadable_parked(
+            &delivery.header_properties(),
+            &delivery.routing_key,
+            delivery.what(),
+            now_ms(),
+        );
+        bare.publish(
+            basic::Publish {
+                exchange: exchange.as_str().into(),
+                routing_key,
+                mandatory: true,
+                immediate: false,
+            },
+            properties,
+            &delivery.body,
+        )
+        .await?;
+        confirmed(bare, seq).await?;
+        bare.send_method(
+            super::bare::CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                delivery_tag: delivery.tag,
+                multiple: false,
+            })),
+        )
+        .await?;
+        swept.parked += 1;
+    }
+    Ok(swept)
+}
+
+/// What the consumer handed over next.
+enum Next {
+    /// A delivery, readable by lapin or not.
+    Delivery(Delivery),
+    /// The consumer ended (its cancel was answered, or the broker cancelled it).
+    Cancelled,
+}
+
+/// A delivery as the broker sent it.
+struct Delivery {
+    tag: u64,
+    /// The routing key's bytes.
+    routing_key: Vec<u8>,
+    /// lapin reads the `basic.deliver` method (exchange, routing key, consumer tag).
+    method_readable: bool,
+    /// The content header's payload, as sent.
+    header: Vec<u8>,
+    /// lapin reads the content header (every property, every header name).
+    header_readable: bool,
+    body: Vec<u8>,
+}
+
+impl Delivery {
+    fn readable(&self) -> bool {
+        self.method_readable && self.header_readable
+    }
+
+    /// The property bytes of the content header (after class, weight and body size).
+    fn header_properties(&self) -> Vec<u8> {
+        self.header.get(12..).unwrap_or_default().to_vec()
+    }
+
+    /// Which part lapin cannot read, for the parked copy's detail.
+    fn what(&self) -> &'static str {
+        match (self.method_readable, self.header_readable) {
+            (false, false) => "its routing key or exchange, and its properties",
+            (false, true) => "its routing key or exchange",
+            _ => "its properties (a header name or a property)",
+        }
+    }
+}
+
+/// Reads the next delivery with its content, or the consumer's end.
+async fn next_delivery<S: AsyncRead + AsyncWrite + Unpin>(
+    bare: &mut Bare<S>,
+) -> Result<Next, SweepError> {
+    let deliver = bare.read().await?;
+    if deliver.kind != FRAME_METHOD {
+        return Err(unexpected(&deliver, "a delivery"));
+    }
+    let method = deliver.method();
+    match &method {
+        Some(AMQPClass::Basic(basic::AMQPMethod::CancelOk(_)))
+        | Some(AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => return Ok(Next::Cancelled),
+        _ => {}
+    }
+    let Some(fields) = deliver_fields(&deliver.payload) else {
+        return Err(unexpected(&deliver, "a delivery"));
+    };
+    let header = bare.read().await?;
+    if header.kind != FRAME_HEADER || header.payload.len() < 12 {
+        return Err(unexpected(&header, "a content header"));
+    }
+    let body_size = u64::from_be_bytes(header.payload[4..12].try_into().expect("8 bytes"));
+    let header_readable =
+        amq_protocol::frame::parsing::parse_content_header(&header.payload[..]).is_ok();
+    let mut body = Vec::new();
+    while (body.len() as u64) < body_size {
+        let part = bare.read().await?;
+        if part.kind != FRAME_BODY {
+            return Err(unexpected(&part, "a body frame"));
+        }
+        body.extend(part.payload);
+    }
+    Ok(Next::Delivery(Delivery {
+        tag: fields.tag,
+        routing_key: fields.routing_key.to_vec(),
+        method_readable: method.is_some(),
+        header: header.payload,
+        header_readable,
+        body,
+    }))
+}
+
+/// Waits for the broker's answer to the `seq`th publish: an ack; a return or a nack is an
+/// error (the delivery stays unacked, so the message stays in the work queue).
+async fn confirmed<S: AsyncRead + AsyncWrite + Unpin>(
+    bare: &mut Bare<S>,
+    seq: u64,
+) -> Result<(), SweepError> {
+    let frame = bare.read().await?;
+    match frame.method() {
+        Some(AMQPClass::Basic(basic::AMQPMethod::Ack(ack)))
+            if ack.delivery_tag == seq || (ack.multiple && ack.delivery_tag >= seq) =>
+        {
+            Ok(())
+        }
+        Some(AMQPClass::Basic(basic::AMQPMethod::Return(ret))) => Err(SweepError::NotParked(
+            format!("returned {} {}", ret.reply_code, ret.reply_text),
+        )),
+        Some(AMQPClass::Basic(basic::AMQPMethod::Nack(_))) => {
+            Err(SweepError::NotParked("nacked".into()))
+        }
+        _ => Err(unexpected(&frame, "the parked copy's confirm")),
+    }
+}
+
+fn unexpected(frame: &RawFrame, due: &str) -> SweepError {
+    SweepError::Bare(BareError::Unexpected(format!(
+        "a frame of type {} on channel {} where {due} was due",
+        frame.kind, frame.channel
+    )))
+}
+
+/// What a sweep needs of a `basic.deliver` method frame, read without lapin's parser.
+#[derive(Debug, PartialEq, Eq)]
+struct DeliverFields<'a> {
+    tag: u64,
+    routing_key: &'a [u8],
+}
+
+/// Reads `basic.deliver`'s delivery tag and routing key from its payload (class and method
+/// ids, consumer tag, delivery tag, redelivered, exchange, routing key); `None` when the
+/// payload is not a `basic.deliver`.
+fn deliver_fields(payload: &[u8]) -> Option<DeliverFields<'_>> {
+    fn short_string<'a>(bytes: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+        let len = usize::from(*bytes.get(*at)?);
+        let text = bytes.get(*at + 1..*at + 1 + len)?;
+        *at += 1 + len;
+        Some(text)
+    }
+    if payload.get(..4)? != [0, 60, 0, 60] {
+        return None;
+    }
+    let mut at = 4;
+    short_string(payload, &mut at)?;
+    let tag = u64::from_be_bytes(payload.get(at..at + 8)?.try_into().ok()?);
+    at += 9;
+    short_string(payload, &mut at)?;
+    let routing_key = short_string(payload, &mut at)?;
+    Some(DeliverFields { tag, routing_key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deliver(consumer_tag: &[u8], tag: u64, exchange: &[u8], routing_key: &[u8]) -> Vec<u8> {
+        let mut payload = vec![0, 60, 0, 60];
+        for (i, part) in [consumer_tag, exchange, routing_key]
+            .into_iter()
+            .enumerate()
+        {
+            payload.push(part.len() as u8);
+            payload.extend_from_slice(part);
+            if i == 0 {
+                payload.extend_from_slice(&tag.to_be_bytes());
+                payload.push(1);
+            }
+        }
+        payload
+    }
+
+    #[test]
+    fn a_deliver_with_a_routing_key_that_is_not_utf8_is_read_by_hand() {
+        let payload = deliver(b"ctag", 42, b"ex", &[0xff, b'k']);
+        assert_eq!(
+            deliver_fields(&payload),
+            Some(DeliverFields {
+                tag: 42,
+                routing_key: &[0xff, b'k'],
+            })
+        );
+        assert!(
+            amq_protocol::protocol::parse_class(&payload[..]).is_err(),
+            "lapin's parser refuses it"
+        );
+        assert!(amq_protocol::protocol::parse_class(&deliver(b"c", 1, b"e", b"k")[..]).is_ok());
+    }
+
+    #[test]
+    fn other_methods_and_cut_payloads_are_no_deliver() {
+        let payload = deliver(b"ctag", 42, b"ex", b"key");
+        assert_eq!(deliver_fields(&payload[..payload.len() - 1]), None);
+        let mut ack = payload.clone();
+        ack[3] = 80;
+        assert_eq!(deliver_fields(&ack), None);
+        assert_eq!(deliver_fields(&[]), None);
+    }
+}
