@@ -18,12 +18,23 @@ use delay_bridge::config::{BrokerUrl, Config, RawBroker, RawConfig, RawRoute, Ra
 use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::tcp::{AsyncTcpStream, OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable};
+
+#[path = "support/raw.rs"]
+#[allow(dead_code)]
+mod raw;
 
 /// The TLS node's URL with `host`: `localhost` is the name its certificate carries.
 fn url_at(host: &str) -> String {
-    let port = std::env::var("DELAY_BRIDGE_TEST_TLS_PORT").unwrap_or_else(|_| "5695".into());
-    format!("amqps://guest:guest@{host}:{port}/%2f")
+    format!("amqps://guest:guest@{host}:{}/%2f", port())
+}
+
+/// The TLS node's port.
+fn port() -> u16 {
+    std::env::var("DELAY_BRIDGE_TEST_TLS_PORT")
+        .map(|port| port.parse().expect("DELAY_BRIDGE_TEST_TLS_PORT is a port"))
+        .unwrap_or(5695)
 }
 
 fn url() -> String {
@@ -229,6 +240,67 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
         .expect("delivered within 10 s")
         .unwrap();
     assert_eq!(got.body, b"over tls");
+
+    // A delivery the AMQP client cannot read (a header name that is not UTF-8), published
+    // over TLS by hand: the bridge's sweep reaches the broker over TLS as well and parks it
+    // `unreadable`; the next message is delivered.
+    let mut parked = watch_queue(&sandbox.conn, &sandbox.config.names.parked_queue())
+        .await
+        .unwrap();
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let identity = OwnedTLSConfig {
+        identity: Some(OwnedIdentity::PKCS8 {
+            pem: read("client.pem"),
+            key: read("client.key"),
+        }),
+        cert_chain: Some(String::from_utf8(read("test-ca.pem")).unwrap()),
+    };
+    let runtime = lapin::runtime::default_runtime().unwrap();
+    let stream = AsyncTcpStream::connect(&runtime, runtime.to_socket_addrs(("localhost", port())))
+        .await
+        .unwrap()
+        .into_tls("localhost", identity.as_ref())
+        .await
+        .expect("a TLS stream with the client certificate");
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(raw::headers_named(300, &[0xff, 0xfe]));
+    raw::publish_raw_on(
+        stream,
+        &url(),
+        &sandbox.ingress,
+        b"rk.bad",
+        &properties,
+        b"unreadable over tls",
+    )
+    .await;
+    let mut headers = FieldTable::default();
+    headers.insert("x-delay".into(), AMQPValue::LongLongInt(300));
+    publisher
+        .basic_publish(
+            sandbox.ingress.as_str().into(),
+            "rk.after".into(),
+            BasicPublishOptions::default(),
+            b"after",
+            BasicProperties::default().with_headers(headers),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let unreadable = tokio::time::timeout(Duration::from_secs(20), parked.recv())
+        .await
+        .expect("parked within 20 s")
+        .unwrap();
+    assert_eq!(unreadable.body, b"unreadable over tls");
+    assert_eq!(
+        unreadable.header("delay-bridge-reason"),
+        Some(&AMQPValue::LongString("unreadable".into()))
+    );
+    let after = tokio::time::timeout(Duration::from_secs(20), arrivals.recv())
+        .await
+        .expect("the next message delivered within 20 s")
+        .unwrap();
+    assert_eq!(after.body, b"after");
     sandbox.finish().await.unwrap();
 
     // The broker's certificate from another CA: refused, and the error says why.

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use lapin::tcp::AsyncTcpStream;
 
 const FRAME_METHOD: u8 = 1;
 const FRAME_HEADER: u8 = 2;
@@ -75,11 +75,11 @@ pub fn headers_named(delay_ms: i64, name: &[u8]) -> Vec<u8> {
     table
 }
 
-struct Conn {
-    stream: TcpStream,
+struct Conn<S> {
+    stream: S,
 }
 
-impl Conn {
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn send(&mut self, kind: u8, channel: u16, payload: &[u8]) {
         let mut frame = vec![kind];
         frame.extend_from_slice(&channel.to_be_bytes());
@@ -155,9 +155,32 @@ pub async fn publish_raw_properties(
     properties: &[u8],
     body: &[u8],
 ) {
+    let parsed = url::Url::parse(url).unwrap();
+    let host = parsed.host_str().unwrap().to_string();
+    let port = parsed.port().unwrap_or(5672);
+    let runtime = lapin::runtime::default_runtime().unwrap();
+    let addresses = runtime.to_socket_addrs((host, port));
+    let stream = tokio::time::timeout(
+        Duration::from_secs(10),
+        AsyncTcpStream::connect(&runtime, addresses),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    publish_raw_on(stream, url, exchange, routing_key, properties, body).await;
+}
+
+/// [`publish_raw_properties`] over `stream`, already connected to the broker of `url` (a
+/// TLS stream, say).
+pub async fn publish_raw_on(
+    stream: impl AsyncRead + AsyncWrite + Unpin,
+    url: &str,
+    exchange: &str,
+    routing_key: &[u8],
+    properties: &[u8],
+    body: &[u8],
+) {
     let url = url::Url::parse(url).unwrap();
-    let host = url.host_str().unwrap().to_string();
-    let port = url.port().unwrap_or(5672);
     let path = url.path().trim_start_matches('/');
     let vhost = if path.is_empty() || path.eq_ignore_ascii_case("%2f") {
         "/".to_string()
@@ -165,10 +188,6 @@ pub async fn publish_raw_properties(
         path.to_string()
     };
     let response = format!("\0{}\0{}", url.username(), url.password().unwrap_or(""));
-    let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect((host, port)))
-        .await
-        .unwrap()
-        .unwrap();
     let mut c = Conn { stream };
     c.stream.write_all(b"AMQP\x00\x00\x09\x01").await.unwrap();
     c.expect(10, 10).await; // connection.start
