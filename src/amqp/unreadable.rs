@@ -8,12 +8,17 @@
 //! delivery lapin cannot read as a message it can (the original's properties kept as bytes
 //! in a header, its body as it was), acks it once the broker confirmed the parked copy, and
 //! closes, which gives every readable delivery it took back to the queue.
+//!
+//! Such an entry in the cancel stream fails every session at its catch-up. Nothing can be
+//! removed from a stream: [`read_stream`] reads it past that entry instead, for the bridge to
+//! apply what it can read, and the next follower resumes after it.
 
 use std::time::Duration;
 
 use amq_protocol::protocol::{AMQPClass, basic, confirm};
 use futures::{AsyncRead, AsyncWrite};
-use lapin::types::{FieldTable, ShortString};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use thiserror::Error;
 
@@ -57,6 +62,110 @@ pub async fn sweep(
     window: u16,
     idle: Duration,
 ) -> Result<Swept, SweepError> {
+    let mut bare = connect(url, &format!("delay-bridge {} sweep", names.prefix())).await?;
+    let result = sweep_on(&mut bare, names, window, idle).await;
+    bare.close().await;
+    result
+}
+
+/// An entry of the cancel stream as [`read_stream`] found it.
+#[derive(Debug)]
+pub enum StreamEntry {
+    /// lapin reads it: its properties (the broker's `x-stream-offset` among its headers).
+    Readable(Box<BasicProperties>),
+    /// lapin cannot read it; its offset, read by hand from its headers when they hold it.
+    Unreadable(Option<u64>),
+}
+
+/// Reads the cancel stream of `names` over a bare connection to `url`, from offset `from`
+/// (its first entry when `None`) until no entry came for `idle` (its end), and hands each
+/// entry to `each`, in order. Gives how many entries it read. A stream delivers whole
+/// chunks, so an unreadable entry fails every lapin consumer that starts in its chunk; a
+/// follower that resumes after the last entry read here starts past it.
+pub async fn read_stream(
+    url: &BrokerUrl,
+    names: &Names,
+    from: Option<u64>,
+    idle: Duration,
+    mut each: impl FnMut(StreamEntry),
+) -> Result<u64, SweepError> {
+    let mut bare = connect(
+        url,
+        &format!("delay-bridge {} stream sweep", names.prefix()),
+    )
+    .await?;
+    let result = async {
+        bare.call(
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: STREAM_WINDOW,
+                global: false,
+            })),
+            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
+        )
+        .await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-stream-offset".into(),
+            match from {
+                Some(offset) => AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
+                None => AMQPValue::LongString("first".into()),
+            },
+        );
+        bare.call(
+            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                queue: names.cancel_stream().as_str().into(),
+                consumer_tag: ShortString::from(""),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: false,
+                arguments,
+            })),
+            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))),
+        )
+        .await?;
+        let mut read = 0u64;
+        loop {
+            let next = match tokio::time::timeout(idle, next_delivery(&mut bare)).await {
+                Err(_) => return Ok(read),
+                Ok(next) => next?,
+            };
+            let Next::Delivery(delivery) = next else {
+                return Ok(read);
+            };
+            read += 1;
+            each(match delivery.properties {
+                Some(properties) if delivery.method_readable => {
+                    StreamEntry::Readable(Box::new(properties))
+                }
+                _ => StreamEntry::Unreadable(raw_stream_offset(&delivery.header_properties())),
+            });
+            // A stream consumer's acks give its credit back.
+            if read.is_multiple_of(u64::from(STREAM_WINDOW) / 2) {
+                bare.send_method(
+                    super::bare::CHANNEL,
+                    AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                        delivery_tag: delivery.tag,
+                        multiple: true,
+                    })),
+                )
+                .await?;
+            }
+        }
+    }
+    .await;
+    bare.close().await;
+    result
+}
+
+/// How many stream entries [`read_stream`] takes at once.
+const STREAM_WINDOW: u16 = 1000;
+
+/// A bare connection to `url`, named `name`, over TLS when the URL says so.
+async fn connect(
+    url: &BrokerUrl,
+    name: &str,
+) -> Result<Bare<impl AsyncRead + AsyncWrite + Unpin + use<>>, SweepError> {
     let uri: AMQPUri = url
         .expose()
         .parse()
@@ -73,11 +182,7 @@ pub async fn sweep(
     let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config))
         .await
         .map_err(BareError::Io)?;
-    let name = format!("delay-bridge {} sweep", names.prefix());
-    let mut bare = Bare::open(stream, &uri, &name).await?;
-    let result = sweep_on(&mut bare, names, window, idle).await;
-    bare.close().await;
-    result
+    Ok(Bare::open(stream, &uri, name).await?)
 }
 
 async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
@@ -187,7 +292,7 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
 /// What the consumer handed over next.
 enum Next {
     /// A delivery, readable by lapin or not.
-    Delivery(Delivery),
+    Delivery(Box<Delivery>),
     /// The consumer ended (its cancel was answered, or the broker cancelled it).
     Cancelled,
 }
@@ -201,14 +306,15 @@ struct Delivery {
     method_readable: bool,
     /// The content header's payload, as sent.
     header: Vec<u8>,
-    /// lapin reads the content header (every property, every header name).
-    header_readable: bool,
+    /// The properties, when lapin reads the content header (every property, every header
+    /// name).
+    properties: Option<BasicProperties>,
     body: Vec<u8>,
 }
 
 impl Delivery {
     fn readable(&self) -> bool {
-        self.method_readable && self.header_readable
+        self.method_readable && self.properties.is_some()
     }
 
     /// The property bytes of the content header (after class, weight and body size).
@@ -218,7 +324,7 @@ impl Delivery {
 
     /// Which part lapin cannot read, for the parked copy's detail.
     fn what(&self) -> &'static str {
-        match (self.method_readable, self.header_readable) {
+        match (self.method_readable, self.properties.is_some()) {
             (false, false) => "its routing key or exchange, and its properties",
             (false, true) => "its routing key or exchange",
             _ => "its properties (a header name or a property)",
@@ -248,8 +354,9 @@ async fn next_delivery<S: AsyncRead + AsyncWrite + Unpin>(
         return Err(unexpected(&header, "a content header"));
     }
     let body_size = u64::from_be_bytes(header.payload[4..12].try_into().expect("8 bytes"));
-    let header_readable =
-        amq_protocol::frame::parsing::parse_content_header(&header.payload[..]).is_ok();
+    let properties = amq_protocol::frame::parsing::parse_content_header(&header.payload[..])
+        .ok()
+        .map(|(_, header)| header.properties);
     let mut body = Vec::new();
     while (body.len() as u64) < body_size {
         let part = bare.read().await?;
@@ -258,14 +365,14 @@ async fn next_delivery<S: AsyncRead + AsyncWrite + Unpin>(
         }
         body.extend(part.payload);
     }
-    Ok(Next::Delivery(Delivery {
+    Ok(Next::Delivery(Box::new(Delivery {
         tag: fields.tag,
         routing_key: fields.routing_key.to_vec(),
         method_readable: method.is_some(),
         header: header.payload,
-        header_readable,
+        properties,
         body,
-    }))
+    })))
 }
 
 /// Waits for the broker's answer to the `seq`th publish: an ack; a return or a nack is an
@@ -327,6 +434,58 @@ fn deliver_fields(payload: &[u8]) -> Option<DeliverFields<'_>> {
     Some(DeliverFields { tag, routing_key })
 }
 
+/// The `x-stream-offset` header in raw content-header properties (flags, then the
+/// properties), read without lapin's parser, which refuses the whole table when one of its
+/// names is not UTF-8.
+fn raw_stream_offset(properties: &[u8]) -> Option<u64> {
+    let flags = u16::from_be_bytes(properties.get(..2)?.try_into().ok()?);
+    let mut at = 2;
+    // content-type and content-encoding come before the headers.
+    for bit in [15, 14] {
+        if flags & (1 << bit) != 0 {
+            at += 1 + usize::from(*properties.get(at)?);
+        }
+    }
+    if flags & (1 << 13) == 0 {
+        return None;
+    }
+    let len = u32::from_be_bytes(properties.get(at..at + 4)?.try_into().ok()?) as usize;
+    let table = properties.get(at + 4..(at + 4).checked_add(len)?)?;
+    let mut i = 0;
+    while i < table.len() {
+        let name_len = usize::from(*table.get(i)?);
+        let name = table.get(i + 1..i + 1 + name_len)?;
+        let tag = *table.get(i + 1 + name_len)?;
+        i += 2 + name_len;
+        let value = table.get(i..)?;
+        if name == b"x-stream-offset" {
+            return match tag {
+                b'l' => u64::try_from(i64::from_be_bytes(value.get(..8)?.try_into().ok()?)).ok(),
+                b'I' => u64::try_from(i32::from_be_bytes(value.get(..4)?.try_into().ok()?)).ok(),
+                _ => None,
+            };
+        }
+        i += value_len(tag, value)?;
+    }
+    None
+}
+
+/// The encoded length of a field value of type `tag` at the start of `value`.
+fn value_len(tag: u8, value: &[u8]) -> Option<usize> {
+    Some(match tag {
+        b'V' => 0,
+        b't' | b'b' | b'B' => 1,
+        b's' | b'u' => 2,
+        b'I' | b'i' | b'f' => 4,
+        b'D' => 5,
+        b'l' | b'L' | b'd' | b'T' => 8,
+        b'S' | b'A' | b'F' | b'x' => {
+            4 + u32::from_be_bytes(value.get(..4)?.try_into().ok()?) as usize
+        }
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +521,33 @@ mod tests {
             "lapin's parser refuses it"
         );
         assert!(amq_protocol::protocol::parse_class(&deliver(b"c", 1, b"e", b"k")[..]).is_ok());
+    }
+
+    #[test]
+    fn the_stream_offset_is_read_past_a_name_lapin_refuses() {
+        let mut table = Vec::new();
+        for (name, tag, value) in [
+            (&[0xffu8, 0xfe][..], b'S', &[0, 0, 0, 2, 0xc3, 0x28][..]),
+            (b"n", b'F', &[0, 0, 0, 0][..]),
+            (b"x-stream-offset", b'l', &42i64.to_be_bytes()[..]),
+        ] {
+            table.push(name.len() as u8);
+            table.extend_from_slice(name);
+            table.push(tag);
+            table.extend_from_slice(value);
+        }
+        // content-type "t", then the headers.
+        let mut properties = ((1u16 << 15) | (1u16 << 13)).to_be_bytes().to_vec();
+        properties.extend([1, b't']);
+        properties.extend((table.len() as u32).to_be_bytes());
+        properties.extend(&table);
+        assert!(
+            basic::parse_properties(&properties[..]).is_err(),
+            "lapin refuses it"
+        );
+        assert_eq!(raw_stream_offset(&properties), Some(42));
+        assert_eq!(raw_stream_offset(&properties[..properties.len() - 1]), None);
+        assert_eq!(raw_stream_offset(&0u16.to_be_bytes()), None, "no headers");
     }
 
     #[test]

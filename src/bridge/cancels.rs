@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{BridgeError, Shared};
-use crate::amqp::Published;
 use crate::amqp::publisher::Publisher;
+use crate::amqp::{Published, unreadable};
 use crate::cancel::{Inserted, StreamEntry, read_entry, sync_properties};
 use crate::clock::now_ms;
 
@@ -172,6 +172,31 @@ async fn run(
             }
         }
     }
+}
+
+/// Applies an entry that a bare connection read from the stream (after a session failed on
+/// an entry lapin cannot read; see [`crate::amqp::unreadable::read_stream`]) as the
+/// follower would, so that the next follower resumes after it. True when it was such an
+/// entry, skipped.
+pub(super) fn apply_read_apart(shared: &Shared, entry: unreadable::StreamEntry) -> bool {
+    let (offset, skipped) = match entry {
+        unreadable::StreamEntry::Readable(properties) => {
+            // No follower's marker is read here: nothing waits for one.
+            apply(shared, read_entry(&properties), "");
+            (stream_offset(&properties), false)
+        }
+        unreadable::StreamEntry::Unreadable(offset) => {
+            tracing::error!(
+                ?offset,
+                "skipping a cancel-stream entry the AMQP client cannot read (a short string that is not UTF-8): if it was a cancel, it is not applied"
+            );
+            (offset, true)
+        }
+    };
+    if let Some(offset) = offset {
+        *shared.stream_next_offset.lock().expect("offset lock") = Some(offset + 1);
+    }
+    skipped
 }
 
 /// Applies one entry; true when it is this follower's own catch-up marker.

@@ -354,41 +354,61 @@ impl Bridge {
         }
     }
 
-    /// After `lost`, parks the deliveries at the head of the work queue that the AMQP
-    /// client cannot read ([`amqp::unreadable::sweep`]), within [`SWEEP_TIMEOUT`]; gives
-    /// how many. A failure is logged: the next session that meets such a delivery fails
-    /// again, and this runs again.
+    /// After `lost`, takes what the AMQP client cannot read out of its way, within
+    /// [`SWEEP_TIMEOUT`]: parks such deliveries at the head of the work queue
+    /// ([`amqp::unreadable::sweep`]), and when there is none, reads the cancel stream apart
+    /// past such entries ([`amqp::unreadable::read_stream`]). Gives how many it parked or
+    /// skipped. A failure is logged: the next session that meets such a frame fails again,
+    /// and this runs again.
     async fn sweep_unreadable(&self, url: &crate::config::BrokerUrl, lost: &BridgeError) -> u64 {
         tracing::warn!(
             "{lost}: the AMQP client cannot read a frame; looking for deliveries it cannot read in the work queue"
         );
-        let config = &self.shared.config;
-        let swept = tokio::time::timeout(
-            SWEEP_TIMEOUT,
-            amqp::unreadable::sweep(url, &config.names, config.prefetch, SWEEP_IDLE),
-        )
+        let shared = &self.shared;
+        let config = &shared.config;
+        let swept = tokio::time::timeout(SWEEP_TIMEOUT, async {
+            let swept =
+                amqp::unreadable::sweep(url, &config.names, config.prefetch, SWEEP_IDLE).await?;
+            if swept.parked > 0 {
+                return Ok((swept, 0));
+            }
+            let from = *shared.stream_next_offset.lock().expect("offset lock");
+            let mut skipped = 0;
+            let read =
+                amqp::unreadable::read_stream(url, &config.names, from, SWEEP_IDLE, |entry| {
+                    if cancels::apply_read_apart(shared, entry) {
+                        skipped += 1;
+                    }
+                })
+                .await?;
+            tracing::info!(read, skipped, "read the cancel stream apart");
+            Ok::<_, amqp::unreadable::SweepError>((swept, skipped))
+        })
         .await;
         match swept {
-            Ok(Ok(swept)) => {
-                let stats = &self.shared.stats;
-                stats.parked.fetch_add(swept.parked, Ordering::Relaxed);
+            Ok(Ok((swept, skipped))) => {
+                shared
+                    .stats
+                    .parked
+                    .fetch_add(swept.parked, Ordering::Relaxed);
                 for _ in 0..swept.parked {
-                    self.shared.instruments.parked(ParkReason::Unreadable);
+                    shared.instruments.parked(ParkReason::Unreadable);
                 }
                 tracing::warn!(
                     parked = swept.parked,
                     given_back = swept.readable,
-                    "parked deliveries the AMQP client cannot read (reason `unreadable`)"
+                    skipped_in_cancel_stream = skipped,
+                    "took what the AMQP client cannot read out of its way (work queue: parked `unreadable`)"
                 );
-                swept.parked
+                swept.parked + skipped
             }
             Ok(Err(e)) => {
-                tracing::error!("taking an unreadable delivery out of the work queue: {e}");
+                tracing::error!("taking what the AMQP client cannot read out of its way: {e}");
                 0
             }
             Err(_) => {
                 tracing::error!(
-                    "taking an unreadable delivery out of the work queue took over {SWEEP_TIMEOUT:?}"
+                    "taking what the AMQP client cannot read out of its way took over {SWEEP_TIMEOUT:?}"
                 );
                 0
             }

@@ -301,3 +301,51 @@ async fn large_bodies_are_held_within_the_byte_budget() {
     w.assert_quiet(Duration::from_millis(300)).await;
     w.cleanup().await;
 }
+
+/// An entry of the cancel stream the AMQP client cannot read (a header name that is not
+/// UTF-8, appended by hand) failed every session at its catch-up, before it consumed
+/// anything: no message was delivered at all. Nothing can be removed from a stream, so the
+/// bridge reads it apart over a bare connection, skips that entry, applies the rest as the
+/// follower does, and the next follower resumes after them: a cancel appended after the
+/// bad entry still drops its message, and the next message is delivered.
+#[tokio::test]
+async fn an_unreadable_cancel_stream_entry_is_skipped_and_later_cancels_apply() {
+    use delay_bridge::client::{Message, When};
+    let mut w = World::start(Setup::new("stream-unreadable")).await;
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
+    let stream = w.config.names.cancel_stream();
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        "",
+        stream.as_bytes(),
+        &properties,
+        b"not a tombstone anyone reads",
+    )
+    .await;
+    let client = w.client().await;
+    let message = |id: &str| {
+        Message::new(w.ingress.as_str(), "rk.cancel", id.as_bytes().to_vec()).with_message_id(id)
+    };
+    client
+        .schedule(message("doomed"), When::After(3 * SEC))
+        .await
+        .unwrap();
+    client.cancel("doomed").await.unwrap();
+    client
+        .schedule(message("sentinel"), When::After(4 * SEC))
+        .await
+        .unwrap();
+    let got = w.recv_within(20 * SEC).await;
+    assert_eq!(
+        got.body, b"sentinel",
+        "the cancel after the bad entry applied"
+    );
+    assert!(
+        w.stats().snapshot().reconnects <= 2,
+        "a session or two lost to it, not one per attempt: {:?}",
+        w.stats().snapshot()
+    );
+    client.close().await.unwrap();
+    w.cleanup().await;
+}
