@@ -95,14 +95,6 @@ pub async fn read_stream(
     )
     .await?;
     let result = async {
-        bare.call(
-            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
-                prefetch_count: STREAM_WINDOW,
-                global: false,
-            })),
-            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
-        )
-        .await?;
         let mut arguments = FieldTable::default();
         arguments.insert(
             "x-stream-offset".into(),
@@ -111,19 +103,7 @@ pub async fn read_stream(
                 None => AMQPValue::LongString("first".into()),
             },
         );
-        bare.call(
-            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-                queue: names.cancel_stream().as_str().into(),
-                consumer_tag: ShortString::from(""),
-                no_local: false,
-                no_ack: false,
-                exclusive: false,
-                nowait: false,
-                arguments,
-            })),
-            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))),
-        )
-        .await?;
+        consume(&mut bare, &names.cancel_stream(), STREAM_WINDOW, arguments).await?;
         let mut read = 0u64;
         loop {
             let next = match tokio::time::timeout(idle, next_delivery(&mut bare)).await {
@@ -142,14 +122,7 @@ pub async fn read_stream(
             });
             // A stream consumer's acks give its credit back.
             if read.is_multiple_of(u64::from(STREAM_WINDOW) / 2) {
-                bare.send_method(
-                    super::bare::CHANNEL,
-                    AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-                        delivery_tag: delivery.tag,
-                        multiple: true,
-                    })),
-                )
-                .await?;
+                ack(&mut bare, delivery.tag, true).await?;
             }
         }
     }
@@ -198,32 +171,7 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
         |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
     )
     .await?;
-    bare.call(
-        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
-            prefetch_count: window.max(1),
-            global: false,
-        })),
-        |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
-    )
-    .await?;
-    let consumer_tag = match bare
-        .call(
-            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-                queue: names.work_queue().as_str().into(),
-                consumer_tag: ShortString::from(""),
-                no_local: false,
-                no_ack: false,
-                exclusive: false,
-                nowait: false,
-                arguments: FieldTable::default(),
-            })),
-            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))),
-        )
-        .await?
-    {
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)) => ok.consumer_tag,
-        _ => unreachable!("call returns the reply it accepted"),
-    };
+    let consumer_tag = consume(bare, &names.work_queue(), window, FieldTable::default()).await?;
 
     let mut swept = Swept::default();
     let mut unreadable = Vec::new();
@@ -276,17 +224,64 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
         )
         .await?;
         confirmed(bare, seq).await?;
-        bare.send_method(
-            super::bare::CHANNEL,
-            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-                delivery_tag: delivery.tag,
-                multiple: false,
-            })),
-        )
-        .await?;
+        ack(bare, delivery.tag, false).await?;
         swept.parked += 1;
     }
     Ok(swept)
+}
+
+/// Consumes `queue` with `arguments`, at most `window` deliveries unacked; gives the
+/// consumer tag.
+async fn consume<S: AsyncRead + AsyncWrite + Unpin>(
+    bare: &mut Bare<S>,
+    queue: &str,
+    window: u16,
+    arguments: FieldTable,
+) -> Result<ShortString, SweepError> {
+    bare.call(
+        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+            prefetch_count: window.max(1),
+            global: false,
+        })),
+        |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
+    )
+    .await?;
+    let consume = AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+        queue: queue.into(),
+        consumer_tag: ShortString::from(""),
+        no_local: false,
+        no_ack: false,
+        exclusive: false,
+        nowait: false,
+        arguments,
+    }));
+    match bare
+        .call(consume, |m| {
+            matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
+        })
+        .await?
+    {
+        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)) => Ok(ok.consumer_tag),
+        _ => unreachable!("call returns the reply it accepted"),
+    }
+}
+
+/// Acks delivery `tag` (and every one before it when `multiple`).
+async fn ack<S: AsyncRead + AsyncWrite + Unpin>(
+    bare: &mut Bare<S>,
+    tag: u64,
+    multiple: bool,
+) -> Result<(), SweepError> {
+    let ack = basic::Ack {
+        delivery_tag: tag,
+        multiple,
+    };
+    bare.send_method(
+        super::bare::CHANNEL,
+        AMQPClass::Basic(basic::AMQPMethod::Ack(ack)),
+    )
+    .await?;
+    Ok(())
 }
 
 /// What the consumer handed over next.
