@@ -118,7 +118,7 @@ pub async fn read_stream(
                 Some(properties) if delivery.method_readable => {
                     StreamEntry::Readable(Box::new(properties))
                 }
-                _ => StreamEntry::Unreadable(raw_stream_offset(&delivery.header_properties())),
+                _ => StreamEntry::Unreadable(raw_stream_offset(delivery.header_properties())),
             });
             // A stream consumer's acks give its credit back.
             if read.is_multiple_of(u64::from(STREAM_WINDOW) / 2) {
@@ -207,7 +207,7 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
     let exchange = names.parked_exchange();
     for (seq, delivery) in (1u64..).zip(&unreadable) {
         let (routing_key, properties) = contract::unreadable_parked(
-            &delivery.header_properties(),
+            delivery.header_properties(),
             &delivery.routing_key,
             delivery.what(),
             now_ms(),
@@ -313,8 +313,8 @@ impl Delivery {
     }
 
     /// The property bytes of the content header (after class, weight and body size).
-    fn header_properties(&self) -> Vec<u8> {
-        self.header.get(12..).unwrap_or_default().to_vec()
+    fn header_properties(&self) -> &[u8] {
+        self.header.get(12..).unwrap_or_default()
     }
 
     /// Which part lapin cannot read, for the parked copy's detail.
