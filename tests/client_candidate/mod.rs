@@ -72,6 +72,28 @@ impl ChannelCallback for Recorder {
     }
 }
 
+/// How many publishes the confirms among `events` settled, each counted once.
+fn confirmed(events: &[Event]) -> u64 {
+    let mut settled = BTreeSet::new();
+    for event in events {
+        match *event {
+            Event::Acked {
+                tag,
+                multiple: true,
+            }
+            | Event::Nacked {
+                tag,
+                multiple: true,
+            } => settled.extend(1..=tag),
+            Event::Acked { tag, .. } | Event::Nacked { tag, .. } => {
+                settled.insert(tag);
+            }
+            Event::Returned(_) => {}
+        }
+    }
+    settled.len() as u64
+}
+
 /// An amqprs connection to the test broker.
 async fn rs_connect() -> RsConnection {
     let uri: AMQPUri = broker_url().parse().expect("the test broker's URL");
@@ -176,10 +198,10 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
     while let Some(published) = publishers.join_next().await {
         published.unwrap();
     }
+    // Not "until tag PUBLISHES is confirmed": the broker confirms an unroutable publish
+    // right after its return, ahead of earlier routable ones still waiting on their queue.
     wait_until("every publish confirmed", Duration::from_secs(30), || {
-        events.lock().unwrap().iter().any(|e| {
-            matches!(e, Event::Acked { tag, .. } | Event::Nacked { tag, .. } if *tag == PUBLISHES)
-        })
+        confirmed(&events.lock().unwrap()) == PUBLISHES
     })
     .await;
 
@@ -190,6 +212,8 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
     let mut returns = BTreeSet::new();
     // Acks that came between a return and the ack settling its publish.
     let mut acks_between = 0;
+    // Acks of a publish older than one the broker had already confirmed.
+    let (mut highest_acked, mut acks_out_of_order) = (0, 0);
     for event in &events {
         match *event {
             Event::Returned(sequence) => {
@@ -204,6 +228,10 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
                 waiting_returns.insert(sequence);
             }
             Event::Acked { tag, multiple } => {
+                if tag < highest_acked {
+                    acks_out_of_order += 1;
+                }
+                highest_acked = highest_acked.max(tag);
                 let covered: Vec<u64> = if multiple {
                     (1..=tag).filter(|s| !settled.contains(s)).collect()
                 } else {
@@ -230,7 +258,7 @@ async fn amqprs_hands_each_return_over_before_the_ack_that_settles_its_publish()
         "the returned publishes are exactly the unroutable ones"
     );
     eprintln!(
-        "{PUBLISHES} publishes, {} returned; {acks_between} times an ack of another publish came between a return and its own ack",
+        "{PUBLISHES} publishes, {} returned; {acks_between} times an ack of another publish came between a return and its own ack; {acks_out_of_order} acks settled an older publish than one already acked",
         returns.len()
     );
 
