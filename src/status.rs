@@ -3,15 +3,16 @@
 //! consumers, the parked messages by reason, and the cancel stream's entries by kind.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
-use futures::StreamExt;
 use lapin::Connection;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::amqp::unreadable::{self, SweepError};
 use crate::amqp::{QueueCounts, queue_counts};
 use crate::cancel::{StreamEntry, read_entry};
 use crate::config::{Config, QueueType};
@@ -19,9 +20,6 @@ use crate::ladder::format_duration;
 use crate::management::{Management, ManagementError, QueueFigures};
 use crate::parked::{self, ParkedError};
 use crate::topology::Topology;
-
-/// Prefetch of the cancel-stream read (a stream consumer needs one).
-const STREAM_PREFETCH: u16 = 1000;
 
 /// The cancel-stream read ends when no entry has come for this long.
 pub const STREAM_QUIET: Duration = Duration::from_secs(1);
@@ -44,6 +42,14 @@ pub enum StatusError {
     /// The parked queue could not be read.
     #[error(transparent)]
     Parked(#[from] ParkedError),
+    /// The cancel stream could not be read.
+    #[error("reading `{stream}`: {source}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// What failed.
+        source: SweepError,
+    },
     /// The management API did not answer.
     #[error(transparent)]
     Management(#[from] ManagementError),
@@ -124,6 +130,9 @@ pub struct StreamEntries {
     pub markers: u64,
     /// Entries that are neither (skipped by the bridges).
     pub invalid: u64,
+    /// Entries the AMQP client cannot read (a short string that is not UTF-8; skipped by the
+    /// bridges, logged at error with their offset).
+    pub unreadable: u64,
     /// True when the read ended because no entry came for [`STREAM_QUIET`]; false when it
     /// stopped at [`STREAM_READ_MOST`] entries.
     pub complete: bool,
@@ -180,7 +189,7 @@ pub async fn read(
     let parked_queue = count(names.parked_queue()).await?;
     let cancel_stream = count(names.cancel_stream()).await?;
     let _ = channel.close(200, "counted".into()).await;
-    let cancel_entries = read_stream(connection, &cancel_stream.name).await?;
+    let cancel_entries = read_stream(config).await?;
     let not_read = unsafe_to_read(config, connection).await;
     let read = match not_read {
         None => {
@@ -215,62 +224,37 @@ pub async fn read(
 /// Reads the cancel stream from its first entry until none has come for
 /// [`STREAM_QUIET`] (a stream has no end-of-stream signal over AMQP 0-9-1, and `status`
 /// writes nothing to find its end), at most [`STREAM_READ_MOST`] entries, and sorts them by
-/// kind. Reading a stream takes nothing from it.
-async fn read_stream(connection: &Connection, stream: &str) -> Result<StreamEntries, StatusError> {
-    let fail = |source| StatusError::Count {
-        queue: stream.to_string(),
-        source,
+/// kind. Reading a stream takes nothing from it. It reads over a bare connection
+/// ([`crate::amqp::unreadable::read_stream`]), which reads an entry the AMQP client cannot
+/// (the client fails its whole connection on it) and counts it as unreadable.
+async fn read_stream(config: &Config) -> Result<StreamEntries, StatusError> {
+    let mut entries = StreamEntries {
+        complete: true,
+        ..StreamEntries::default()
     };
-    let channel = connection.create_channel().await.map_err(fail)?;
-    let result = async {
-        channel
-            .basic_qos(STREAM_PREFETCH, BasicQosOptions::default())
-            .await?;
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-stream-offset".into(),
-            AMQPValue::LongString("first".into()),
-        );
-        let mut consumer = channel
-            .basic_consume(
-                stream.into(),
-                "delay-bridge-status".into(),
-                BasicConsumeOptions::default(),
-                arguments,
-            )
-            .await?;
-        let mut entries = StreamEntries::default();
-        let mut read = 0u64;
-        loop {
-            if read == STREAM_READ_MOST {
-                return Ok(entries);
-            }
-            let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await else {
-                entries.complete = true;
-                return Ok(entries);
-            };
-            let Some(delivery) = next else {
-                return Ok(entries);
-            };
-            let delivery = delivery?;
-            read += 1;
-            match read_entry(&delivery.properties) {
+    let mut read = 0u64;
+    unreadable::read_stream(config.url(), &config.names, None, STREAM_QUIET, |entry| {
+        match entry {
+            unreadable::StreamEntry::Readable(properties) => match read_entry(&properties) {
                 StreamEntry::Cancel(_) => entries.tombstones += 1,
                 StreamEntry::Sync(_) => entries.markers += 1,
                 StreamEntry::Invalid(_) => entries.invalid += 1,
-            }
-            // A stream consumer's acks only return credit.
-            if read.is_multiple_of(u64::from(STREAM_PREFETCH)) {
-                delivery
-                    .acker
-                    .ack(BasicAckOptions { multiple: true })
-                    .await?;
-            }
+            },
+            unreadable::StreamEntry::Unreadable(_) => entries.unreadable += 1,
         }
-    }
-    .await;
-    let _ = channel.close(200, "read".into()).await;
-    result.map_err(fail)
+        read += 1;
+        if read == STREAM_READ_MOST {
+            entries.complete = false;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    })
+    .await
+    .map_err(|source| StatusError::Stream {
+        stream: config.names.cancel_stream(),
+        source,
+    })?;
+    Ok(entries)
 }
 
 /// Why reading the parked queue (which hands every message back) could lose messages: a

@@ -13,6 +13,7 @@
 //! removed from a stream: [`read_stream`] reads it past that entry instead, for the bridge to
 //! apply what it can read, and the next follower resumes after it.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use amq_protocol::protocol::{AMQPClass, basic, confirm};
@@ -78,8 +79,10 @@ pub enum StreamEntry {
 }
 
 /// Reads the cancel stream of `names` over a bare connection to `url`, from offset `from`
-/// (its first entry when `None`) until no entry came for `idle` (its end), and hands each
-/// entry to `each`, in order. Gives how many entries it read. A stream delivers whole
+/// (its first entry when `None`) until no entry came for `idle` (its end) or `each` breaks,
+/// and hands each entry to `each`, in order. Gives how many entries it read. Over this
+/// connection every entry reads, so `delay-bridge status` counts the stream with it as
+/// well. A stream delivers whole
 /// chunks, so an unreadable entry fails every lapin consumer that starts in its chunk; a
 /// follower that resumes after the last entry read here starts past it.
 pub async fn read_stream(
@@ -87,7 +90,7 @@ pub async fn read_stream(
     names: &Names,
     from: Option<u64>,
     idle: Duration,
-    mut each: impl FnMut(StreamEntry),
+    mut each: impl FnMut(StreamEntry) -> ControlFlow<()>,
 ) -> Result<u64, SweepError> {
     let mut bare = connect(
         url,
@@ -114,12 +117,15 @@ pub async fn read_stream(
                 return Ok(read);
             };
             read += 1;
-            each(match delivery.properties {
+            let entry = match delivery.properties {
                 Some(properties) if delivery.method_readable => {
                     StreamEntry::Readable(Box::new(properties))
                 }
                 _ => StreamEntry::Unreadable(raw_stream_offset(delivery.header_properties())),
-            });
+            };
+            if each(entry).is_break() {
+                return Ok(read);
+            }
             // A stream consumer's acks give its credit back.
             if read.is_multiple_of(u64::from(STREAM_WINDOW) / 2) {
                 ack(&mut bare, delivery.tag, true).await?;

@@ -14,6 +14,7 @@ mod refusals;
 mod session;
 mod stuck;
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -379,6 +380,7 @@ impl Bridge {
                     if cancels::apply_read_apart(shared, entry) {
                         skipped += 1;
                     }
+                    ControlFlow::Continue(())
                 })
                 .await?;
             tracing::info!(read, skipped, "read the cancel stream apart");

@@ -140,3 +140,52 @@ async fn reading_a_quorum_parked_queue_many_times_loses_nothing() {
     }
     w.cleanup().await;
 }
+
+/// An entry of the cancel stream the AMQP client cannot read (a header name that is not
+/// UTF-8, appended by hand) stays in the stream until its retention drops it. `status`
+/// counts it as unreadable beside the entries it can read, instead of failing while it
+/// lasts.
+#[tokio::test]
+async fn status_counts_a_cancel_stream_entry_it_cannot_read_and_the_rest() {
+    let w = World::start(Setup {
+        watch_parked: false,
+        ..Setup::new("status-unreadable")
+    })
+    .await;
+    let client = w.client().await;
+    client.cancel("before").await.expect("cancelled");
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        "",
+        w.config.names.cancel_stream().as_bytes(),
+        &properties,
+        b"not a tombstone anyone reads",
+    )
+    .await;
+    client.cancel("after").await.expect("cancelled");
+    let config = w.config_file(4000);
+
+    let json = status_when(&config, 30 * SEC, |json| {
+        json["cancel_entries"]["unreadable"] == 1
+    })
+    .await;
+    assert_eq!(json["cancel_entries"]["tombstones"], 2, "{json:#}");
+    // One marker per session start: the entry costs the bridge a session, which may have
+    // started again by now.
+    assert!(
+        json["cancel_entries"]["markers"].as_u64() >= Some(1),
+        "{json:#}"
+    );
+    assert_eq!(json["cancel_entries"]["invalid"], 0, "{json:#}");
+    assert_eq!(json["cancel_entries"]["complete"], true, "{json:#}");
+    let table = status(&config, &[]).await;
+    assert!(
+        table.contains("cancel stream: 2 tombstones, ")
+            && table.contains(" markers, 1 unreadable\n"),
+        "{table}"
+    );
+    client.close().await.unwrap();
+    w.cleanup().await;
+}

@@ -74,9 +74,14 @@ fn table(status: &Status, all_levels: bool) -> String {
     ));
     let entries = &status.cancel_entries;
     out.push_str(&format!(
-        "cancel stream: {} tombstones, {} catch-up markers{}{}\n",
+        "cancel stream: {} tombstones, {} catch-up markers{}{}{}\n",
         entries.tombstones,
         entries.markers,
+        if entries.unreadable > 0 {
+            format!(", {} unreadable", entries.unreadable)
+        } else {
+            String::new()
+        },
         if entries.invalid > 0 {
             format!(", {} invalid entries", entries.invalid)
         } else {
