@@ -7,11 +7,12 @@ pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod targets;
 mod tls;
-pub(crate) mod unreadable;
+pub mod unreadable;
 pub(crate) mod verdict;
 
 pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;
+pub use unreadable::SweepError;
 
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -46,6 +47,12 @@ pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectE
         }
     }
     .map_err(fail)
+}
+
+/// True when lapin failed on a frame it could not parse: a delivery with a short string
+/// that is not UTF-8 (see [`unreadable`]). lapin fails the whole connection on it.
+pub fn is_unreadable_frame(error: &lapin::Error) -> bool {
+    matches!(error.kind(), lapin::ErrorKind::ParsingError(_))
 }
 
 /// Opens a channel in publisher-confirm mode.

@@ -54,17 +54,19 @@ pub struct Swept {
     pub parked: u64,
 }
 
-/// Consumes `names`' work queue on a bare connection to `url`, at most `window` deliveries
-/// at once, until it read one lapin cannot read or none came for `idle`; then parks every
-/// unreadable one it holds (see the module) and closes.
+/// Consumes `queue` (the work queue, or the parked queue) on a bare connection to `url`, at
+/// most `window` deliveries at once, until it read one lapin cannot read or none came for
+/// `idle`; then parks every unreadable one it holds through `names`' parked exchange (see
+/// the module) and closes.
 pub async fn sweep(
     url: &BrokerUrl,
     names: &Names,
+    queue: &str,
     window: u16,
     idle: Duration,
 ) -> Result<Swept, SweepError> {
     let mut bare = connect(url, &format!("delay-bridge {} sweep", names.prefix())).await?;
-    let result = sweep_on(&mut bare, names, window, idle).await;
+    let result = sweep_on(&mut bare, names, queue, window, idle).await;
     bare.close().await;
     result
 }
@@ -167,6 +169,7 @@ async fn connect(
 async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
     bare: &mut Bare<S>,
     names: &Names,
+    queue: &str,
     window: u16,
     idle: Duration,
 ) -> Result<Swept, SweepError> {
@@ -177,7 +180,7 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
         |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
     )
     .await?;
-    let consumer_tag = consume(bare, &names.work_queue(), window, FieldTable::default()).await?;
+    let consumer_tag = consume(bare, queue, window, FieldTable::default()).await?;
 
     let mut swept = Swept::default();
     let mut unreadable = Vec::new();

@@ -85,7 +85,7 @@ impl BridgeError {
             } => source,
             _ => return false,
         };
-        matches!(source.kind(), lapin::ErrorKind::ParsingError(_))
+        amqp::is_unreadable_frame(source)
     }
 
     fn broker(what: &'static str) -> impl FnOnce(lapin::Error) -> BridgeError {
@@ -368,8 +368,14 @@ impl Bridge {
         let shared = &self.shared;
         let config = &shared.config;
         let swept = tokio::time::timeout(SWEEP_TIMEOUT, async {
-            let swept =
-                amqp::unreadable::sweep(url, &config.names, config.prefetch, SWEEP_IDLE).await?;
+            let swept = amqp::unreadable::sweep(
+                url,
+                &config.names,
+                &config.names.work_queue(),
+                config.prefetch,
+                SWEEP_IDLE,
+            )
+            .await?;
             if swept.parked > 0 {
                 return Ok((swept, 0));
             }

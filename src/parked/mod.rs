@@ -4,9 +4,12 @@
 //! channel of their own, and whatever was not acknowledged goes back to the queue when that
 //! channel closes (the broker requeues it). Only a purged message, or a replayed one whose
 //! copy the broker has confirmed, is acknowledged, so an interrupted replay loses nothing.
+//! A message the AMQP client cannot read is parked again as one it can, at the queue's end
+//! ([`set_aside_unreadable`]).
 
 mod filter;
 mod ops;
+mod unreadable;
 
 use std::collections::BTreeMap;
 
@@ -17,6 +20,7 @@ use thiserror::Error;
 
 pub use filter::{Filter, replay_properties};
 pub use ops::{Action, Outcome, Report, act, peek};
+pub use unreadable::{act_at, peek_at, set_aside_unreadable};
 
 use crate::contract::header;
 
@@ -38,6 +42,22 @@ pub enum ParkedError {
     /// A replayed copy got no answer from the broker (the message stays parked).
     #[error("replaying into the work exchange: {0}")]
     Replay(#[from] crate::amqp::PublishError),
+    /// The AMQP client failed its connection on a message of the queue it cannot read (a
+    /// short string that is not UTF-8), while the operation read the queue and before it
+    /// did anything. [`act_at`] sets such messages aside and starts again.
+    #[error(
+        "the parked queue `{queue}` holds a message the AMQP client cannot read (a header name, a property or the routing key that is not UTF-8)"
+    )]
+    Unreadable {
+        /// The queue.
+        queue: String,
+    },
+    /// Connecting failed.
+    #[error(transparent)]
+    Connect(#[from] crate::amqp::ConnectError),
+    /// Setting aside the messages the AMQP client cannot read failed.
+    #[error("setting aside parked messages the AMQP client cannot read: {0}")]
+    SetAside(#[from] crate::amqp::SweepError),
 }
 
 /// What a parked message says about itself.

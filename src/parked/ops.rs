@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
+use crate::amqp;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::{Published, queue_counts};
 use crate::clock::now_ms;
@@ -57,6 +58,9 @@ pub struct Report {
     pub scanned: u64,
     /// The selected messages, in queue order, with what became of each.
     pub selected: Vec<Outcome>,
+    /// Messages the AMQP client could not read, parked again as `unreadable` so that the
+    /// queue could be read ([`super::act_at`]); they are among the messages read.
+    pub set_aside: u64,
 }
 
 impl Report {
@@ -149,6 +153,7 @@ async fn act_on(
         held: 0,
         scanned: 0,
         selected: Vec::new(),
+        set_aside: 0,
     };
     let result = async {
         report.held = queue_counts(&channel, queue).await.map_err(fail)?.messages;
@@ -163,9 +168,23 @@ async fn act_on(
             scan
         };
         let mut deliveries = consume(&channel, queue, window).await.map_err(fail)?;
-        while (report.scanned as usize) < scan && report.selected.len() < limit {
+        // Everything this operation takes is read before anything is done with it: the AMQP
+        // client fails its whole connection on a message it cannot read, and such a failure
+        // then leaves nothing half done ([`super::act_at`] sets the message aside and starts
+        // again).
+        let unreadable_or_fail = |source: lapin::Error| {
+            if amqp::is_unreadable_frame(&source) {
+                ParkedError::Unreadable {
+                    queue: queue.to_string(),
+                }
+            } else {
+                fail(source)
+            }
+        };
+        let mut chosen = Vec::new();
+        while (report.scanned as usize) < scan && chosen.len() < limit {
             let delivery = match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
-                Ok(Some(delivery)) => delivery.map_err(fail)?,
+                Ok(Some(delivery)) => delivery.map_err(unreadable_or_fail)?,
                 Ok(None) | Err(_) => break,
             };
             report.scanned += 1;
@@ -174,9 +193,17 @@ async fn act_on(
                 &delivery.properties,
                 delivery.data.len(),
             );
-            if !filter.matches(&message, now_ms()) {
-                continue;
+            if filter.matches(&message, now_ms()) {
+                chosen.push((delivery, message));
             }
+        }
+        // No more deliveries: each removal below would make room for one, and one the
+        // client cannot read would fail the connection halfway through.
+        channel
+            .basic_cancel(deliveries.tag(), BasicCancelOptions::default())
+            .await
+            .map_err(unreadable_or_fail)?;
+        for (delivery, message) in chosen {
             let mut outcome = Outcome {
                 message,
                 done: false,

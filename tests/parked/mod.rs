@@ -243,3 +243,66 @@ async fn a_replay_killed_midway_loses_nothing() {
     assert_eq!(w.queue_depth(&parked_queue).await, 0);
     w.cleanup().await;
 }
+
+/// A message in the parked queue that the AMQP client cannot read (a header name that is
+/// not UTF-8, published straight into the queue) failed every `parked` command and
+/// `status`: the client fails its whole connection on it. The first command to meet it
+/// parks it again readable, as `unreadable` with its property bytes kept, and finishes its
+/// own work, its limit kept; `parked purge --reason unreadable` removes it.
+#[tokio::test]
+async fn a_parked_message_the_client_cannot_read_is_set_aside_and_can_be_purged() {
+    let w = World::start(Setup {
+        watch_parked: false,
+        ..Setup::new("parked-unreadable")
+    })
+    .await;
+    let parked_queue = w.config.names.parked_queue();
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        "",
+        parked_queue.as_bytes(),
+        &properties,
+        b"hostile",
+    )
+    .await;
+    for i in 0..3 {
+        w.publish(&format!("nobody.{i}"), b"unroutable", with_delay(0))
+            .await;
+    }
+    wait_for_depth(&w, &parked_queue, 4, 30 * SEC).await;
+    let config = w.config_file(4000);
+
+    let (ok, purged) = parked_json(
+        &config,
+        &["purge", "--reason", "unroutable", "--limit", "2"],
+    )
+    .await;
+    assert!(ok, "purge failed: {purged:#}");
+    assert_eq!(done(&purged), 2, "{purged:#}");
+    assert_eq!(purged["set_aside"], 1, "{purged:#}");
+    wait_for_depth(&w, &parked_queue, 2, 10 * SEC).await;
+
+    let (ok, listed) = parked_json(&config, &["list"]).await;
+    assert!(ok, "list failed");
+    let mut reasons: Vec<String> = listed["selected"]
+        .as_array()
+        .expect("selected")
+        .iter()
+        .map(|o| o["reason"].as_str().unwrap_or("none").to_string())
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons, ["unreadable", "unroutable"], "{listed:#}");
+
+    let (ok, stdout) = run_command(&config, &["status", "--json"]).await;
+    assert!(ok, "status failed");
+    let status: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(status["parked"]["by_reason"]["unreadable"], 1, "{status:#}");
+
+    let (ok, purged) = parked_json(&config, &["purge", "--reason", "unreadable"]).await;
+    assert!(ok, "purge failed: {purged:#}");
+    assert_eq!(done(&purged), 1, "{purged:#}");
+    wait_for_depth(&w, &parked_queue, 1, 10 * SEC).await;
+    w.cleanup().await;
+}

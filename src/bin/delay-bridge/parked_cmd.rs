@@ -81,19 +81,15 @@ pub async fn run(config: &Config, command: &ParkedCommand) -> Result<()> {
             (Action::Purge, selection)
         }
     };
-    let connection = delay_bridge::amqp::connect(config.url(), "delay-bridge parked").await?;
-    let report = parked::act(
-        &connection,
-        &config.names,
+    let report = parked::act_at(
+        config,
         action,
         &selection.filter(),
         selection.limit,
         selection.dry_run,
-        config.confirm_timeout,
     )
-    .await;
-    let _ = connection.close(200, "done".into()).await;
-    let report = report.context("working on the parked queue")?;
+    .await
+    .context("working on the parked queue")?;
     if selection.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -153,5 +149,11 @@ fn table(report: &Report, now_ms: u64) -> String {
             ""
         }
     ));
+    if report.set_aside > 0 {
+        out.push_str(&format!(
+            "{} message(s) the AMQP client cannot read were parked again as `unreadable`, their properties kept as bytes, so that the queue could be read\n",
+            report.set_aside
+        ));
+    }
     out
 }
