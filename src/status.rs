@@ -192,7 +192,7 @@ pub async fn read(
     let cancel_entries = read_stream(config).await?;
     let not_read = unsafe_to_read(config, connection).await;
     let read = match not_read {
-        None => parked::peek_at(config, parked_limit).await?.0,
+        None => parked::peek(config, parked_limit).await?.0,
         Some(_) => Vec::new(),
     };
     Ok(Status {

@@ -19,8 +19,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use filter::{Filter, replay_properties};
-pub use ops::{Action, Outcome, Report, act, peek};
-pub use unreadable::{act_at, peek_at, set_aside_unreadable};
+pub use ops::{Action, Outcome, Report, act};
+pub use unreadable::{act_at, peek, set_aside_unreadable};
 
 use crate::contract::header;
 

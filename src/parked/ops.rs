@@ -70,27 +70,6 @@ impl Report {
     }
 }
 
-/// The first `limit` messages of the parked queue `queue` (at most [`MOST_AT_ONCE`]), and
-/// how many it held in all when the read began. Nothing is removed.
-pub async fn peek(
-    connection: &Connection,
-    queue: &str,
-    limit: u16,
-) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
-    let report = act_on(
-        connection,
-        queue,
-        None,
-        Action::List,
-        &Filter::default(),
-        usize::from(limit),
-        false,
-    )
-    .await?;
-    let messages = report.selected.into_iter().map(|o| o.message).collect();
-    Ok((messages, report.held))
-}
-
 /// Reads the parked queue of `names` (at most [`MOST_AT_ONCE`] messages), selects those
 /// `filter` matches, at most `limit` of them, and lists, replays or purges them; on a dry
 /// run it only says what it would do. Whatever it does not remove goes back to the queue,

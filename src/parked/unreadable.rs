@@ -93,13 +93,10 @@ pub async fn act_at(
     }
 }
 
-/// The first `limit` messages of `config`'s parked queue and how many it held when the read
-/// began, as [`super::peek`] reads them, but over a connection of its own and past messages
-/// the AMQP client cannot read ([`act_at`]). Nothing is removed.
-pub async fn peek_at(
-    config: &Config,
-    limit: u16,
-) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
+/// The first `limit` messages of `config`'s parked queue (at most [`MOST_AT_ONCE`]), and how
+/// many it held in all when the read began, read over a connection of its own and past
+/// messages the AMQP client cannot read ([`act_at`]). Nothing is removed.
+pub async fn peek(config: &Config, limit: u16) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
     let report = act_at(
         config,
         Action::List,

@@ -312,14 +312,9 @@ async fn large_bodies_are_held_within_the_byte_budget() {
 async fn an_unreadable_cancel_stream_entry_is_skipped_and_later_cancels_apply() {
     use delay_bridge::client::{Message, When};
     let mut w = World::start(Setup::new("stream-unreadable")).await;
-    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
-    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
-    let stream = w.config.names.cancel_stream();
-    crate::support::raw::publish_raw_properties(
+    crate::support::raw::publish_unreadable_into(
         &broker_url(),
-        "",
-        stream.as_bytes(),
-        &properties,
+        &w.config.names.cancel_stream(),
         b"not a tombstone anyone reads",
     )
     .await;

@@ -211,7 +211,7 @@ async fn a_replay_killed_midway_loses_nothing() {
         copies += 1;
     }
     let still_parked = w.queue_depth(&parked_queue).await as usize;
-    let (left, _) = delay_bridge::parked::peek(&w.conn, &parked_queue, u16::MAX)
+    let (left, _) = delay_bridge::parked::peek(&w.config, u16::MAX)
         .await
         .unwrap();
     let parked_ids: HashSet<String> = left.into_iter().filter_map(|m| m.message_id).collect();
@@ -257,16 +257,7 @@ async fn a_parked_message_the_client_cannot_read_is_set_aside_and_can_be_purged(
     })
     .await;
     let parked_queue = w.config.names.parked_queue();
-    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
-    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
-    crate::support::raw::publish_raw_properties(
-        &broker_url(),
-        "",
-        parked_queue.as_bytes(),
-        &properties,
-        b"hostile",
-    )
-    .await;
+    crate::support::raw::publish_unreadable_into(&broker_url(), &parked_queue, b"hostile").await;
     for i in 0..3 {
         w.publish(&format!("nobody.{i}"), b"unroutable", with_delay(0))
             .await;

@@ -124,7 +124,7 @@ async fn reading_a_quorum_parked_queue_many_times_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for round in 0..25 {
-        let (read, held) = delay_bridge::parked::peek(&w.conn, &parked_queue, 100)
+        let (read, held) = delay_bridge::parked::peek(&w.config, 100)
             .await
             .expect("the parked queue is read");
         assert_eq!((read.len(), held), (3, 3), "round {round}");
@@ -154,13 +154,9 @@ async fn status_counts_a_cancel_stream_entry_it_cannot_read_and_the_rest() {
     .await;
     let client = w.client().await;
     client.cancel("before").await.expect("cancelled");
-    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
-    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
-    crate::support::raw::publish_raw_properties(
+    crate::support::raw::publish_unreadable_into(
         &broker_url(),
-        "",
-        w.config.names.cancel_stream().as_bytes(),
-        &properties,
+        &w.config.names.cancel_stream(),
         b"not a tombstone anyone reads",
     )
     .await;

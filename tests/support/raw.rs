@@ -59,6 +59,15 @@ pub fn padded_headers(delay_ms: i64, pad: usize) -> Vec<u8> {
     table
 }
 
+/// Publishes, through the default exchange straight into `queue` (a parked queue, a cancel
+/// stream) on the broker at `url`, a message whose header name is not UTF-8: one the AMQP
+/// client cannot read.
+pub async fn publish_unreadable_into(url: &str, queue: &str, body: &[u8]) {
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(headers_named(300, &[0xff, 0xfe]));
+    publish_raw_properties(url, "", queue.as_bytes(), &properties, body).await;
+}
+
 /// A header table, encoded: `x-delay` (long-long) and one entry whose name is `name`, bytes
 /// that need not be UTF-8, holding a long-long 1.
 pub fn headers_named(delay_ms: i64, name: &[u8]) -> Vec<u8> {
