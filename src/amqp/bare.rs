@@ -8,24 +8,28 @@
 use std::io;
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame};
-use amq_protocol::protocol::{AMQPClass, basic, channel, connection};
+use amq_protocol::protocol::{AMQPClass, basic, channel, confirm, connection};
+use futures::io::BufReader;
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::uri::{AMQPUri, SASLMechanism};
+use lapin::uri::{AMQPScheme, AMQPUri, SASLMechanism};
 use thiserror::Error;
 
+use super::tls;
+use crate::config::BrokerUrl;
+
 /// The frame type of a method.
-pub(crate) const FRAME_METHOD: u8 = 1;
+pub const FRAME_METHOD: u8 = 1;
 /// The frame type of a content header.
-pub(crate) const FRAME_HEADER: u8 = 2;
+pub const FRAME_HEADER: u8 = 2;
 /// The frame type of a content body.
-pub(crate) const FRAME_BODY: u8 = 3;
+pub const FRAME_BODY: u8 = 3;
 /// The frame type of a heartbeat.
 const FRAME_HEARTBEAT: u8 = 8;
 /// The byte that ends every frame.
 const FRAME_END: u8 = 0xCE;
 /// The one channel a bare connection opens.
-pub(crate) const CHANNEL: u16 = 1;
+pub const CHANNEL: u16 = 1;
 /// The frame size asked for when the broker sets no limit (RabbitMQ's default).
 const DEFAULT_FRAME_MAX: u32 = 131_072;
 
@@ -48,11 +52,37 @@ pub enum BareError {
     /// The broker sent something this connection does not expect.
     #[error("unexpected from the broker: {0}")]
     Unexpected(String),
+    /// The broker URL or its TLS files.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// A bare connection to `url`, named `name` (shown in the management UI), over TLS when
+/// the URL says so, with its channel [`CHANNEL`] open.
+pub async fn connect(
+    url: &BrokerUrl,
+    name: &str,
+) -> Result<Bare<impl AsyncRead + AsyncWrite + Unpin + use<>>, BareError> {
+    let uri: AMQPUri = url
+        .expose()
+        .parse()
+        .map_err(|e| BareError::Setup(format!("the broker URL: {e}")))?;
+    let tls = match (url.tls(), &uri.scheme) {
+        (Some(files), _) => Some((
+            tls::read(files).map_err(|e| BareError::Setup(e.to_string()))?,
+            files.server_name.clone(),
+        )),
+        (None, AMQPScheme::AMQPS) => Some((Default::default(), None)),
+        (None, AMQPScheme::AMQP) => None,
+    };
+    let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
+    let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config)).await?;
+    Bare::open(BufReader::new(stream), &uri, name).await
 }
 
 /// A frame as read: its type, channel and payload.
 #[derive(Debug)]
-pub(crate) struct RawFrame {
+pub struct RawFrame {
     /// [`FRAME_METHOD`], [`FRAME_HEADER`] or [`FRAME_BODY`].
     pub kind: u8,
     /// The channel it came on.
@@ -74,7 +104,7 @@ impl RawFrame {
 }
 
 /// An open bare connection with its channel [`CHANNEL`] open.
-pub(crate) struct Bare<S> {
+pub struct Bare<S> {
     stream: S,
     frame_max: u32,
 }
@@ -171,6 +201,74 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
     ) -> Result<AMQPClass, BareError> {
         self.send_method(CHANNEL, method).await?;
         self.expect(CHANNEL, is_reply).await
+    }
+
+    /// Puts the channel in publisher-confirm mode.
+    pub async fn confirm_select(&mut self) -> Result<(), BareError> {
+        self.call(
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+                nowait: false,
+            })),
+            |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Consumes `queue` with `arguments`, at most `window` deliveries unacked; gives the
+    /// consumer tag.
+    pub async fn consume(
+        &mut self,
+        queue: &str,
+        window: u16,
+        arguments: FieldTable,
+    ) -> Result<ShortString, BareError> {
+        self.call(
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: window.max(1),
+                global: false,
+            })),
+            |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
+        )
+        .await?;
+        let consume = AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: queue.into(),
+            consumer_tag: ShortString::from(""),
+            no_local: false,
+            no_ack: false,
+            exclusive: false,
+            nowait: false,
+            arguments,
+        }));
+        match self
+            .call(consume, |m| {
+                matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
+            })
+            .await?
+        {
+            AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)) => Ok(ok.consumer_tag),
+            _ => unreachable!("call returns the reply it accepted"),
+        }
+    }
+
+    /// Acks deliveries, each `(tag, multiple)` (`multiple` acks every one up to `tag`), in
+    /// one write.
+    pub async fn ack(
+        &mut self,
+        acks: impl IntoIterator<Item = (u64, bool)>,
+    ) -> Result<(), BareError> {
+        let mut bytes = Vec::new();
+        for (delivery_tag, multiple) in acks {
+            bytes.extend(encode(&AMQPFrame::Method(
+                CHANNEL,
+                AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                    delivery_tag,
+                    multiple,
+                })),
+            ))?);
+        }
+        self.stream.write_all(&bytes).await?;
+        Ok(())
     }
 
     /// Sends `method` on `channel`.

@@ -1,7 +1,7 @@
 //! AMQP plumbing: connecting (password never shown), a queue's depth, and the one
 //! confirmed publish path ([`publisher::Publisher`]).
 
-mod bare;
+pub mod bare;
 mod depth;
 pub(crate) mod publisher;
 pub(crate) mod returns;

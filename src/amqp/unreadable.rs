@@ -16,15 +16,13 @@
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use amq_protocol::protocol::{AMQPClass, basic, confirm};
+use amq_protocol::protocol::{AMQPClass, basic};
 use futures::{AsyncRead, AsyncWrite};
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::uri::{AMQPScheme, AMQPUri};
+use lapin::types::{AMQPValue, FieldTable};
 use thiserror::Error;
 
-use super::bare::{Bare, BareError, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, RawFrame};
-use super::tls;
+use super::bare::{self, Bare, BareError, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, RawFrame};
 use crate::clock::now_ms;
 use crate::config::BrokerUrl;
 use crate::contract;
@@ -36,9 +34,6 @@ pub enum SweepError {
     /// The connection failed or the broker said something unexpected.
     #[error(transparent)]
     Bare(#[from] BareError),
-    /// The broker URL or its TLS files.
-    #[error("{0}")]
-    Setup(String),
     /// The parked copy was not taken (returned: no queue is bound to the parked exchange;
     /// or nacked): the message stays in the work queue.
     #[error("the parked exchange did not take an unreadable message: {0}")]
@@ -65,7 +60,7 @@ pub async fn sweep(
     window: u16,
     idle: Duration,
 ) -> Result<Swept, SweepError> {
-    let mut bare = connect(url, &format!("delay-bridge {} sweep", names.prefix())).await?;
+    let mut bare = bare::connect(url, &format!("delay-bridge {} sweep", names.prefix())).await?;
     let result = sweep_on(&mut bare, names, queue, window, idle).await;
     bare.close().await;
     result
@@ -94,7 +89,7 @@ pub async fn read_stream(
     idle: Duration,
     mut each: impl FnMut(StreamEntry) -> ControlFlow<()>,
 ) -> Result<u64, SweepError> {
-    let mut bare = connect(
+    let mut bare = bare::connect(
         url,
         &format!("delay-bridge {} stream sweep", names.prefix()),
     )
@@ -108,7 +103,8 @@ pub async fn read_stream(
                 None => AMQPValue::LongString("first".into()),
             },
         );
-        consume(&mut bare, &names.cancel_stream(), STREAM_WINDOW, arguments).await?;
+        bare.consume(&names.cancel_stream(), STREAM_WINDOW, arguments)
+            .await?;
         let mut read = 0u64;
         loop {
             let next = match tokio::time::timeout(idle, next_delivery(&mut bare)).await {
@@ -130,7 +126,7 @@ pub async fn read_stream(
             }
             // A stream consumer's acks give its credit back.
             if read.is_multiple_of(u64::from(STREAM_WINDOW) / 2) {
-                ack(&mut bare, delivery.tag, true).await?;
+                bare.ack([(delivery.tag, true)]).await?;
             }
         }
     }
@@ -142,30 +138,6 @@ pub async fn read_stream(
 /// How many stream entries [`read_stream`] takes at once.
 const STREAM_WINDOW: u16 = 1000;
 
-/// A bare connection to `url`, named `name`, over TLS when the URL says so.
-async fn connect(
-    url: &BrokerUrl,
-    name: &str,
-) -> Result<Bare<impl AsyncRead + AsyncWrite + Unpin + use<>>, SweepError> {
-    let uri: AMQPUri = url
-        .expose()
-        .parse()
-        .map_err(|e| SweepError::Setup(format!("the broker URL: {e}")))?;
-    let tls = match (url.tls(), &uri.scheme) {
-        (Some(files), _) => Some((
-            tls::read(files).map_err(|e| SweepError::Setup(e.to_string()))?,
-            files.server_name.clone(),
-        )),
-        (None, AMQPScheme::AMQPS) => Some((Default::default(), None)),
-        (None, AMQPScheme::AMQP) => None,
-    };
-    let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
-    let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config))
-        .await
-        .map_err(BareError::Io)?;
-    Ok(Bare::open(stream, &uri, name).await?)
-}
-
 async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
     bare: &mut Bare<S>,
     names: &Names,
@@ -173,14 +145,8 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
     window: u16,
     idle: Duration,
 ) -> Result<Swept, SweepError> {
-    bare.call(
-        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
-            nowait: false,
-        })),
-        |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
-    )
-    .await?;
-    let consumer_tag = consume(bare, queue, window, FieldTable::default()).await?;
+    bare.confirm_select().await?;
+    let consumer_tag = bare.consume(queue, window, FieldTable::default()).await?;
 
     let mut swept = Swept::default();
     let mut unreadable = Vec::new();
@@ -233,64 +199,10 @@ async fn sweep_on<S: AsyncRead + AsyncWrite + Unpin>(
         )
         .await?;
         confirmed(bare, seq).await?;
-        ack(bare, delivery.tag, false).await?;
+        bare.ack([(delivery.tag, false)]).await?;
         swept.parked += 1;
     }
     Ok(swept)
-}
-
-/// Consumes `queue` with `arguments`, at most `window` deliveries unacked; gives the
-/// consumer tag.
-async fn consume<S: AsyncRead + AsyncWrite + Unpin>(
-    bare: &mut Bare<S>,
-    queue: &str,
-    window: u16,
-    arguments: FieldTable,
-) -> Result<ShortString, SweepError> {
-    bare.call(
-        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
-            prefetch_count: window.max(1),
-            global: false,
-        })),
-        |m| matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
-    )
-    .await?;
-    let consume = AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-        queue: queue.into(),
-        consumer_tag: ShortString::from(""),
-        no_local: false,
-        no_ack: false,
-        exclusive: false,
-        nowait: false,
-        arguments,
-    }));
-    match bare
-        .call(consume, |m| {
-            matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
-        })
-        .await?
-    {
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)) => Ok(ok.consumer_tag),
-        _ => unreachable!("call returns the reply it accepted"),
-    }
-}
-
-/// Acks delivery `tag` (and every one before it when `multiple`).
-async fn ack<S: AsyncRead + AsyncWrite + Unpin>(
-    bare: &mut Bare<S>,
-    tag: u64,
-    multiple: bool,
-) -> Result<(), SweepError> {
-    let ack = basic::Ack {
-        delivery_tag: tag,
-        multiple,
-    };
-    bare.send_method(
-        super::bare::CHANNEL,
-        AMQPClass::Basic(basic::AMQPMethod::Ack(ack)),
-    )
-    .await?;
-    Ok(())
 }
 
 /// What the consumer handed over next.
