@@ -13,17 +13,21 @@ pub enum Client {
     Lapin,
     /// amqprs: its reader and writer are tasks on the caller's tokio runtime.
     Amqprs,
+    /// The library's bare connection (amq-protocol frames on the caller's runtime), one
+    /// task for the whole relay: what a client of our own would cost.
+    Bare,
 }
 
 impl Client {
     /// Every client, in the order the scenario runs them.
-    pub const ALL: [Client; 2] = [Client::Lapin, Client::Amqprs];
+    pub const ALL: [Client; 3] = [Client::Lapin, Client::Amqprs, Client::Bare];
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
         match self {
             Client::Lapin => "lapin",
             Client::Amqprs => "amqprs",
+            Client::Bare => "bare",
         }
     }
 }

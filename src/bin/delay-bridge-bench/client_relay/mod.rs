@@ -4,9 +4,11 @@
 //! with a confirm, ack) with each client in turn, each relay in a child process on one
 //! runtime worker as the bridge runs, and reports the relay's CPU time per message beside
 //! the broker's. lapin is the bridge's client; amqprs runs its I/O as tasks on the caller's
-//! runtime instead of a thread of its own.
+//! runtime instead of a thread of its own; `bare` is the library's bare connection, one task
+//! reading and writing frames, what a client of our own would cost.
 
 mod amqprs_relay;
+mod bare_relay;
 mod child;
 pub mod job;
 mod lapin_relay;
@@ -323,11 +325,17 @@ fn report(
             latency.map_or(f64::NAN, |s| s.p99 as f64 / 1000.0),
         );
     }
-    let ratio = match outcomes {
-        [lapin, amqprs] => amqprs.relay_us() / lapin.relay_us().max(1e-9),
-        _ => f64::NAN,
+    // Each client's relay CPU per message over lapin's, lapin first.
+    let ratios: Vec<(&str, f64)> = match outcomes.split_first() {
+        Some((lapin, others)) => others
+            .iter()
+            .map(|o| (o.client.name(), o.relay_us() / lapin.relay_us().max(1e-9)))
+            .collect(),
+        None => Vec::new(),
     };
-    println!("relay CPU per message, amqprs / lapin: {ratio:.2}");
+    for (client, ratio) in &ratios {
+        println!("relay CPU per message, {client} / lapin: {ratio:.2}");
+    }
     let targets: Vec<Target> = outcomes
         .iter()
         .map(|o| {
@@ -349,12 +357,17 @@ fn report(
         "rate": if args.flat_out { Value::from("flat out") } else { Value::from(args.rate) },
         "count": count,
         "body_size": args.body_size,
-        "relay_cpu_ratio_amqprs_to_lapin": (ratio * 100.0).round() / 100.0,
         "targets": targets_json(&targets),
     });
     if let Some(object) = report.as_object_mut() {
         for outcome in outcomes {
             object.insert(outcome.client.name().into(), outcome.json());
+        }
+        for (client, ratio) in ratios {
+            object.insert(
+                format!("relay_cpu_ratio_{client}_to_lapin"),
+                Value::from((ratio * 100.0).round() / 100.0),
+            );
         }
     }
     println!("{report}");
