@@ -25,6 +25,25 @@ use lapin::types::{AMQPValue, FieldTable};
 #[allow(dead_code)]
 mod raw;
 
+/// Publishes `body` to `exchange` with `key` and an `x-delay` of 300 ms, and waits for the
+/// broker's confirm.
+async fn publish_delayed(publisher: &lapin::Channel, exchange: &str, key: &str, body: &[u8]) {
+    let mut headers = FieldTable::default();
+    headers.insert("x-delay".into(), AMQPValue::LongLongInt(300));
+    publisher
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default().with_headers(headers),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
 /// The TLS node's URL with `host`: `localhost` is the name its certificate carries.
 fn url_at(host: &str) -> String {
     format!("amqps://guest:guest@{host}:{}/%2f", port())
@@ -221,20 +240,7 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    let mut headers = FieldTable::default();
-    headers.insert("x-delay".into(), AMQPValue::LongLongInt(300));
-    publisher
-        .basic_publish(
-            sandbox.ingress.as_str().into(),
-            "rk.tls".into(),
-            BasicPublishOptions::default(),
-            b"over tls",
-            BasicProperties::default().with_headers(headers),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_delayed(&publisher, &sandbox.ingress, "rk.tls", b"over tls").await;
     let got = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
         .await
         .expect("delivered within 10 s")
@@ -273,20 +279,7 @@ async fn amqps_with_a_ca_and_a_client_certificate_carries_messages_and_refuses_t
         b"unreadable over tls",
     )
     .await;
-    let mut headers = FieldTable::default();
-    headers.insert("x-delay".into(), AMQPValue::LongLongInt(300));
-    publisher
-        .basic_publish(
-            sandbox.ingress.as_str().into(),
-            "rk.after".into(),
-            BasicPublishOptions::default(),
-            b"after",
-            BasicProperties::default().with_headers(headers),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_delayed(&publisher, &sandbox.ingress, "rk.after", b"after").await;
     let unreadable = tokio::time::timeout(Duration::from_secs(20), parked.recv())
         .await
         .expect("parked within 20 s")

@@ -435,7 +435,7 @@ async fn a_message_relayed_by_amqprs_keeps_every_property_and_header_type() {
 #[tokio::test]
 async fn amqprs_loses_its_connection_to_a_delivery_whose_header_is_not_utf8() {
     use amqprs::channel::BasicConsumeArguments;
-    use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+    use lapin::options::BasicPublishOptions;
     use lapin::types::{AMQPValue, LongString};
     const WITHIN: Duration = Duration::from_secs(10);
     let queue = format!("{}.q", unique_prefix("amqprs-not-utf8"));
@@ -470,18 +470,10 @@ async fn amqprs_loses_its_connection_to_a_delivery_whose_header_is_not_utf8() {
     // Unacked, the message is back in the queue for the next consumer.
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
-        let ready = channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
+        let ready = delay_bridge::amqp::queue_counts(&channel, &queue)
             .await
             .expect("the queue exists")
-            .message_count();
+            .messages;
         if ready == 1 {
             break;
         }
