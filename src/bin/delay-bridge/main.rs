@@ -10,14 +10,14 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::bridge::Bridge;
-use delay_bridge::config::{Config, LogFormat, RawConfig, defaults};
+use delay_bridge::config::{Config, LogFormat, defaults};
 use delay_bridge::http::{self, Endpoints, MetricsRegistry};
-use delay_bridge::ladder::{Ladder, PRESETS, format_duration, parse_duration};
-use delay_bridge::plan::{Step, hop_count, hop_stats, plan};
+use delay_bridge::ladder::parse_duration;
 
 mod demo;
 mod health;
 mod parked_cmd;
+mod plan_cmd;
 mod schedule_cmd;
 mod status_cmd;
 
@@ -197,9 +197,14 @@ fn main() -> Result<()> {
                 margin,
             },
             _,
-        ) => print_plan(&cli, *delay, ladder.as_deref(), *margin),
+        ) => {
+            let settings = plan_cmd::PlanSettings::read(&cli.config, ladder.as_deref(), *margin)?;
+            let name = ladder.as_deref().unwrap_or("configured");
+            print!("{}", plan_cmd::render_plan(*delay, name, &settings));
+            Ok(())
+        }
         (Command::Ladders { max, margin, extra }, _) => {
-            print_ladders(*max, margin.unwrap_or(defaults::MARGIN), extra)
+            plan_cmd::print_ladders(*max, margin.unwrap_or(defaults::MARGIN), extra)
         }
         (Command::Schedule { message_id, args }, Some(config)) => {
             runtime()?.block_on(schedule_cmd::schedule(&config, args, message_id.as_deref()))
@@ -315,117 +320,4 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-}
-
-/// Ladder and margin for planning: flags win, then the config file if it exists, then
-/// the defaults.
-fn planning_settings(
-    cli: &Cli,
-    ladder: Option<&str>,
-    margin: Option<Duration>,
-) -> Result<(Ladder, Duration)> {
-    let raw = if cli.config.exists() {
-        let text = std::fs::read_to_string(&cli.config)?;
-        toml::from_str::<RawConfig>(&text)
-            .with_context(|| format!("invalid configuration {}", cli.config.display()))?
-    } else {
-        RawConfig::default()
-    };
-    let ladder_text = ladder
-        .map(str::to_string)
-        .or(raw.delays.ladder)
-        .unwrap_or_else(|| defaults::LADDER.to_string());
-    let margin = margin.or(raw.delays.margin).unwrap_or(defaults::MARGIN);
-    let ladder = Ladder::parse(&ladder_text).context("invalid ladder")?;
-    Ok((ladder, margin))
-}
-
-fn print_plan(
-    cli: &Cli,
-    delay_d: Duration,
-    ladder: Option<&str>,
-    margin: Option<Duration>,
-) -> Result<()> {
-    let (ladder_v, margin_d) = planning_settings(cli, ladder, margin)?;
-    let name = ladder.unwrap_or("configured");
-    println!(
-        "plan for {} with the {name} ladder ({} levels, {} .. {}), margin {}:",
-        format_duration(delay_d),
-        ladder_v.levels().len(),
-        format_duration(ladder_v.smallest()),
-        format_duration(ladder_v.largest()),
-        format_duration(margin_d)
-    );
-    let steps = plan(delay_d, &ladder_v, margin_d);
-    let mut elapsed = Duration::ZERO;
-    let mut parts = Vec::new();
-    for (i, step) in steps.iter().enumerate() {
-        match step {
-            Step::Hop(level) => {
-                elapsed += *level;
-                parts.push(format_duration(*level));
-                println!(
-                    "  {:>2}. hop into level {:<10} due in {}",
-                    i + 1,
-                    format_duration(*level),
-                    format_duration(delay_d - elapsed)
-                );
-            }
-            Step::Hold(rest) => {
-                elapsed += *rest;
-                parts.push(format!("hold {}", format_duration(*rest)));
-                println!(
-                    "  {:>2}. hold in the bridge {}",
-                    i + 1,
-                    format_duration(*rest)
-                );
-            }
-            Step::Deliver => println!("  {:>2}. deliver to the target", i + 1),
-        }
-    }
-    let joined = if parts.is_empty() {
-        "0ms".to_string()
-    } else {
-        parts.join(" + ")
-    };
-    println!(
-        "{} = {joined}  ({} hop{})",
-        format_duration(delay_d),
-        hop_count(&steps),
-        if hop_count(&steps) == 1 { "" } else { "s" }
-    );
-    Ok(())
-}
-
-fn print_ladders(max_d: Duration, margin_d: Duration, extra: &[String]) -> Result<()> {
-    if max_d < Duration::from_secs(1) {
-        bail!("--max must be at least 1s");
-    }
-    let mut ladders: Vec<(String, Ladder)> = PRESETS
-        .iter()
-        .map(|p| (p.to_string(), Ladder::preset(p).expect("presets are valid")))
-        .collect();
-    for text in extra {
-        ladders.push((text.clone(), Ladder::parse(text)?));
-    }
-    println!(
-        "hops over 200000 delays spread evenly on [1s, {}], margin {}:",
-        format_duration(max_d),
-        format_duration(margin_d)
-    );
-    println!(
-        "{:<24} {:>7} {:>10} {:>12}",
-        "ladder", "levels", "mean hops", "worst hops"
-    );
-    for (name, ladder) in ladders {
-        let stats = hop_stats(&ladder, margin_d, Duration::from_secs(1), max_d, 200_000);
-        println!(
-            "{:<24} {:>7} {:>10.2} {:>12}",
-            name,
-            ladder.levels().len(),
-            stats.mean,
-            stats.worst
-        );
-    }
-    Ok(())
 }
