@@ -35,13 +35,15 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection};
 use thiserror::Error;
 
-use crate::amqp::publisher::PublishError;
+use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::{self, ConnectError, Published};
 use crate::cancel::{MessageIdError, message_id, tombstone_properties};
 use crate::clock::now_ms;
-use crate::config::{BrokerUrl, ConfigError};
+use crate::config::{BrokerUrl, ConfigError, defaults};
+use crate::contract::beyond_max_delay;
 use crate::contract::header;
+use crate::ladder::format_duration;
 use crate::naming::Names;
 
 /// Why a client call failed.
@@ -126,6 +128,31 @@ pub enum ClientError {
         exchange: String,
         /// How long the client waited.
         timeout: Duration,
+    },
+    /// The message would be due further ahead than the bridges' `delays.max_delay`: they
+    /// would park it as `delay-too-long`. Nothing was scheduled or cancelled. The client
+    /// assumes the default, 366 days, unless told otherwise ([`Client::with_max_delay`]).
+    #[error(
+        "due in {}, beyond the maximum delay of {} (delays.max_delay): bridges park such a message as `delay-too-long`; nothing was scheduled or cancelled",
+        format_duration(*wait),
+        format_duration(*max)
+    )]
+    DelayTooLong {
+        /// How far ahead the message would be due.
+        wait: Duration,
+        /// The longest delay this client schedules ([`Client::with_max_delay`]).
+        max: Duration,
+    },
+    /// A reschedule cancelled the earlier copy, and then the publish of the new one failed:
+    /// the message is no longer scheduled. Schedule it again once the cause is fixed.
+    #[error(
+        "the earlier copy of `{message_id}` is cancelled, but the new one was not scheduled: {source}"
+    )]
+    CancelledNotScheduled {
+        /// The rescheduled message's id.
+        message_id: String,
+        /// Why the new copy was not scheduled.
+        source: Box<ClientError>,
     },
     /// Any other broker or connection error.
     #[error("{what}: {source}")]
@@ -226,6 +253,8 @@ pub struct Client {
     connection: Arc<Connection>,
     channels: TargetChannels,
     names: Names,
+    /// The longest delay scheduled; longer ones are refused before publishing.
+    max_delay: Duration,
 }
 
 impl Client {
@@ -255,6 +284,7 @@ impl Client {
                         channels: TargetChannels::new(connection.clone(), CONFIRM_TIMEOUT),
                         connection,
                         names: Names::new(prefix),
+                        max_delay: defaults::MAX_DELAY,
                     });
                 }
                 Err(e) => last = Some(ClientError::from(e)),
@@ -269,8 +299,18 @@ impl Client {
         }))
     }
 
-    /// Publishes `message` to be delivered `when`; returns once the broker confirmed it.
+    /// Refuses to schedule a message due further ahead than `max_delay`, as bridges
+    /// configured with `delays.max_delay = max_delay` would park it (`delay-too-long`). The
+    /// default is the bridge's default, 366 days.
+    pub fn with_max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// Publishes `message` to be delivered `when`; returns once the broker confirmed it. A
+    /// message due further ahead than [`Client::with_max_delay`] is refused unpublished.
     pub async fn schedule(&self, message: Message, when: When) -> Result<Scheduled, ClientError> {
+        self.check_delay(when)?;
         self.schedule_after_cancel(message, when, None).await
     }
 
@@ -330,11 +370,27 @@ impl Client {
 
     /// Moves a message to a new time: cancels the pending copy of its id, then publishes
     /// this one (same id), which lives. Later or earlier both work.
+    ///
+    /// What can be checked before the cancel is: the id, the names, the delay
+    /// ([`ClientError::DelayTooLong`]) and that the exchange exists
+    /// ([`ClientError::ExchangeMissing`]); a refusal then leaves the earlier copy scheduled.
+    /// A failure of the publish after the cancel is [`ClientError::CancelledNotScheduled`].
     pub async fn reschedule(&self, message: Message, when: When) -> Result<Scheduled, ClientError> {
         let id = message.message_id().ok_or(ClientError::NoMessageId)?;
+        message_id(id)?;
+        self.check_delay(when)?;
+        short_name("exchange", &message.exchange)?;
+        short_name("routing key", &message.routing_key)?;
+        self.channel_for(&message.exchange, message.body.len())
+            .await?;
         let cancelled = self.cancel(id).await?;
+        let id = id.to_string();
         self.schedule_after_cancel(message, when, Some(cancelled.cancelled_at))
             .await
+            .map_err(|source| ClientError::CancelledNotScheduled {
+                message_id: id,
+                source: Box::new(source),
+            })
     }
 
     /// Closes the connection.
@@ -347,6 +403,23 @@ impl Client {
                 what: "closing",
                 source,
             })
+    }
+
+    /// Refuses a message due further ahead than `max_delay`, by this client's clock.
+    fn check_delay(&self, when: When) -> Result<(), ClientError> {
+        let wait = match when {
+            When::After(delay) => delay,
+            When::At(at) => at
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO),
+        };
+        if beyond_max_delay(wait, self.max_delay) {
+            return Err(ClientError::DelayTooLong {
+                wait,
+                max: self.max_delay,
+            });
+        }
+        Ok(())
     }
 
     async fn schedule_after_cancel(
@@ -427,6 +500,15 @@ impl Client {
         }
     }
 
+    /// The exchange's publisher. Opening its channel checks that the exchange exists
+    /// ([`ClientError::ExchangeMissing`]); the channel is kept for the publishes after.
+    async fn channel_for(&self, exchange: &str, body_len: usize) -> Result<Publisher, ClientError> {
+        self.channels
+            .get(exchange)
+            .await
+            .map_err(|source| refusal(exchange, body_len, "opening a channel", source))
+    }
+
     /// One confirmed, mandatory publish on the exchange's own channel (a 404 closes only
     /// that channel).
     async fn publish(
@@ -436,46 +518,50 @@ impl Client {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<Published, ClientError> {
-        let short = |what: &'static str, name: &str| {
-            ShortString::try_new(name.to_string()).map_err(|_| ClientError::NameTooLong {
-                what,
-                name: truncate(name, 40).to_string(),
-            })
-        };
         let (exchange_name, key) = (
-            short("exchange", exchange)?,
-            short("routing key", routing_key)?,
+            short_name("exchange", exchange)?,
+            short_name("routing key", routing_key)?,
         );
-        let refused = |what: &'static str, source: lapin::Error| {
-            if amqp::reply_code(&source) == Some(404) {
-                ClientError::ExchangeMissing {
-                    exchange: exchange.to_string(),
-                }
-            } else if let Some(broker) = amqp::size_refusal(&source) {
-                ClientError::TooLarge {
-                    bytes: body.len(),
-                    broker,
-                }
-            } else {
-                ClientError::Broker { what, source }
-            }
-        };
-        // Opening the exchange's channel checks that the exchange exists (a 404 here).
-        let publisher = self
-            .channels
-            .get(exchange)
-            .await
-            .map_err(|source| refused("opening a channel", source))?;
+        let publisher = self.channel_for(exchange, body.len()).await?;
         publisher
             .publish(exchange_name, key, body, properties)
             .await
             .map_err(|error| match error {
-                PublishError::Broker(source) => refused("publishing", source),
+                PublishError::Broker(source) => refusal(exchange, body.len(), "publishing", source),
                 PublishError::ConfirmTimeout(timeout) => ClientError::Unconfirmed {
                     exchange: exchange.to_string(),
                     timeout,
                 },
             })
+    }
+}
+
+/// An exchange name or routing key as AMQP carries it: at most 255 bytes.
+fn short_name(what: &'static str, name: &str) -> Result<ShortString, ClientError> {
+    ShortString::try_new(name.to_string()).map_err(|_| ClientError::NameTooLong {
+        what,
+        name: truncate(name, 40).to_string(),
+    })
+}
+
+/// What the broker's refusal of `what` on `exchange` means for a body of `body_len` bytes.
+fn refusal(
+    exchange: &str,
+    body_len: usize,
+    what: &'static str,
+    source: lapin::Error,
+) -> ClientError {
+    if amqp::reply_code(&source) == Some(404) {
+        ClientError::ExchangeMissing {
+            exchange: exchange.to_string(),
+        }
+    } else if let Some(broker) = amqp::size_refusal(&source) {
+        ClientError::TooLarge {
+            bytes: body_len,
+            broker,
+        }
+    } else {
+        ClientError::Broker { what, source }
     }
 }
 

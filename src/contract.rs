@@ -22,7 +22,7 @@ mod reason;
 mod size;
 mod value;
 
-pub use decode::{decode, redelivered_too_often};
+pub use decode::{beyond_max_delay, decode, redelivered_too_often};
 pub use encode::{
     consumed_properties, delivery_properties, hop_properties, parked_properties,
     parked_properties_without_headers, unreadable_parked,

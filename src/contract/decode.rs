@@ -136,6 +136,7 @@ fn bad_state(name: &str) -> Parked {
 /// parks the message, even when a later one would do.
 fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u64, Parked> {
     let max_ms = max_delay.as_millis() as u64;
+    let beyond = |wait_ms: u64| beyond_max_delay(Duration::from_millis(wait_ms), max_delay);
     let too_long = |what: String| {
         Parked::new(
             ParkReason::DelayTooLong,
@@ -155,7 +156,7 @@ fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u6
         let at = parse_deliver_at_in(name, value)
             .map_err(|detail| Parked::new(ParkReason::BadDeliverAt, detail))?;
         let at = u64::try_from(at).unwrap_or(0);
-        if at.saturating_sub(now_ms) > max_ms {
+        if beyond(at.saturating_sub(now_ms)) {
             return Err(too_long(format!("{name} {at}")));
         }
         return Ok(at.max(now_ms));
@@ -165,10 +166,17 @@ fn due_time(headers: &FieldTable, now_ms: u64, max_delay: Duration) -> Result<u6
     if delay <= 0 {
         return Ok(now_ms);
     }
-    if delay as u128 > u128::from(max_ms) {
+    if u64::try_from(delay).map_or(true, beyond) {
         return Err(too_long(format!("{name} {delay} ms")));
     }
     Ok(now_ms + delay as u64)
+}
+
+/// Whether a message due `wait` from now is parked `delay-too-long` by a bridge whose
+/// `delays.max_delay` is `max_delay` (a wait of exactly `max_delay` is taken). The typed
+/// client refuses the same waits before publishing.
+pub fn beyond_max_delay(wait: Duration, max_delay: Duration) -> bool {
+    wait > max_delay
 }
 
 /// A work-queue delivery the broker has redelivered `limit` times or more (quorum queues

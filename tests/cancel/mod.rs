@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use delay_bridge::bridge::Stats;
-use delay_bridge::client::{Message, When};
+use delay_bridge::client::{ClientError, Message, When};
 use delay_bridge::clock::now_ms;
 use delay_bridge::sandbox::process::ConfigFile;
 use lapin::types::AMQPValue;
@@ -346,7 +346,7 @@ async fn old_tombstones_leave_memory() {
 
 #[tokio::test]
 async fn client_errors_are_typed_and_say_what_to_do() {
-    use delay_bridge::client::{Client, ClientError};
+    use delay_bridge::client::Client;
     let mut w = World::without_bridge("client-errors").await;
     let client = w.client().await;
     let missing = format!("{}.no-such-exchange", w.prefix());
@@ -458,6 +458,18 @@ async fn the_cli_schedules_reschedules_and_cancels() {
         ],
     )
     .await;
+    let refused = config
+        .command(bridge_exe())
+        .args(["reschedule", "cli-moved", "-k", "rk.cli", "--delay", "400d"])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a reschedule past max_delay: {said}"
+    );
+    assert!(said.contains("`delay-too-long`"), "{said}");
     let said = cli(
         config,
         &[
@@ -502,6 +514,93 @@ async fn the_cli_schedules_reschedules_and_cancels() {
     );
     assert_eq!(w.pending_in_queues().await, 0);
     assert_eq!(w.stats().snapshot().cancelled, 2);
+    w.cleanup().await;
+}
+
+/// A reschedule that cannot take effect leaves the earlier copy where it was: a delay the
+/// bridges would park (`delays.max_delay`) and an exchange that does not exist are refused
+/// before the cancel. A refusal that only the publish after the cancel can see (an exchange
+/// that routes nowhere) says that the earlier copy is cancelled.
+#[tokio::test]
+async fn a_reschedule_that_cannot_take_effect_is_refused_before_its_cancel() {
+    const DAY: Duration = Duration::from_secs(86_400);
+    let mut w = World::start(Setup::new("resched-refused")).await;
+    let stats = w.stats();
+    let client = w.client().await;
+    client
+        .schedule(msg(&w, "kept", "kept"), When::After(2 * SEC))
+        .await
+        .unwrap();
+    let too_far = [
+        When::After(400 * DAY),
+        When::At(SystemTime::now() + 400 * DAY),
+    ];
+    for when in too_far {
+        let err = client
+            .reschedule(msg(&w, "kept", "moved too far"), when)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::DelayTooLong { .. }), "{err}");
+        assert!(err.to_string().contains("366d"), "{err}");
+        let err = client
+            .schedule(msg(&w, "far", "far"), when)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::DelayTooLong { .. }), "{err}");
+    }
+    let missing = format!("{}.missing", w.prefix());
+    let err = client
+        .reschedule(
+            Message::new(missing.as_str(), "rk.cancel", b"x".to_vec()).with_message_id("kept"),
+            When::After(SEC),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::ExchangeMissing { .. }), "{err}");
+    let got = w.recv_within(10 * SEC).await;
+    assert_eq!(
+        got.body, b"kept",
+        "the refused reschedules cancelled nothing"
+    );
+    assert_eq!(stats.snapshot().cancelled, 0);
+
+    // A client told of a shorter `max_delay` refuses past it.
+    let strict = w.client().await.with_max_delay(SEC);
+    let err = strict
+        .schedule(msg(&w, "strict", "strict"), When::After(2 * SEC))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::DelayTooLong { .. }), "{err}");
+    strict.close().await.unwrap();
+
+    let unbound = format!("{}.unbound", w.prefix());
+    w.declare_extra_exchange(&unbound, lapin::ExchangeKind::Fanout)
+        .await;
+    client
+        .schedule(msg(&w, "moved", "moved"), When::After(2 * SEC))
+        .await
+        .unwrap();
+    let err = client
+        .reschedule(
+            Message::new(unbound.as_str(), "rk.cancel", b"x".to_vec()).with_message_id("moved"),
+            When::After(SEC),
+        )
+        .await
+        .unwrap_err();
+    match &err {
+        ClientError::CancelledNotScheduled { message_id, source } => {
+            assert_eq!(message_id, "moved");
+            assert!(matches!(**source, ClientError::Unroutable { .. }), "{err}");
+        }
+        other => panic!("expected CancelledNotScheduled, got {other}"),
+    }
+    assert!(err.to_string().contains("is cancelled"), "{err}");
+    client
+        .schedule(msg(&w, "sentinel", "sentinel"), When::After(3 * SEC))
+        .await
+        .unwrap();
+    only_sentinel_arrives(&mut w, 10 * SEC).await;
+    client.close().await.unwrap();
     w.cleanup().await;
 }
 

@@ -92,8 +92,12 @@ impl ScheduleArgs {
     }
 }
 
+/// A client for the configured bridges: it refuses a message due beyond their
+/// `delays.max_delay` before publishing (before cancelling, for a reschedule).
 async fn client(config: &Config) -> Result<Client> {
-    Ok(Client::connect_to(&config.urls, config.names.prefix()).await?)
+    Ok(Client::connect_to(&config.urls, config.names.prefix())
+        .await?
+        .with_max_delay(config.max_delay))
 }
 
 fn describe(s: &Scheduled) -> String {
