@@ -13,7 +13,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::amqp::unreadable::{self, SweepError};
-use crate::amqp::{QueueCounts, queue_counts};
+use crate::amqp::{QueueCounts, queue_counts, reply_code};
 use crate::cancel::{StreamEntry, read_entry};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
@@ -30,8 +30,18 @@ const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why the status could not be read.
 #[derive(Debug, Error)]
 pub enum StatusError {
-    /// A queue of the bridge could not be counted (it does not exist: is the bridge's
-    /// topology declared, with this prefix?).
+    /// A queue of the bridge does not exist: no bridge with this prefix has declared its
+    /// topology on this broker and vhost.
+    #[error(
+        "the queue `{queue}` does not exist: no bridge with topology.prefix `{prefix}` has started on this broker and vhost (check the prefix and the broker URL)"
+    )]
+    Missing {
+        /// The queue.
+        queue: String,
+        /// The prefix asked for.
+        prefix: String,
+    },
+    /// A queue of the bridge could not be counted.
     #[error("counting `{queue}`: {source}")]
     Count {
         /// The queue.
@@ -168,13 +178,19 @@ pub async fn read(
         let channel = &channel;
         let figures = figures.as_deref();
         async move {
-            let counted =
-                queue_counts(channel, &name)
-                    .await
-                    .map_err(|source| StatusError::Count {
+            let counted = queue_counts(channel, &name).await.map_err(|source| {
+                if reply_code(&source) == Some(404) {
+                    StatusError::Missing {
+                        queue: name.clone(),
+                        prefix: names.prefix().to_string(),
+                    }
+                } else {
+                    StatusError::Count {
                         queue: name.clone(),
                         source,
-                    })?;
+                    }
+                }
+            })?;
             Ok::<_, StatusError>(queue_status(name, counted, figures))
         }
     };

@@ -31,6 +31,15 @@ pub const MOST_AT_ONCE: u16 = u16::MAX;
 /// the queue.
 #[derive(Debug, Error)]
 pub enum ParkedError {
+    /// The parked queue does not exist: no bridge with this prefix has declared its
+    /// topology on this broker and vhost.
+    #[error(
+        "the parked queue `{queue}` does not exist: no bridge with this topology.prefix has started on this broker and vhost (check the prefix and the broker URL)"
+    )]
+    Missing {
+        /// The queue.
+        queue: String,
+    },
     /// Reading the queue, or removing a message from it, failed.
     #[error("reading the parked queue `{queue}`: {source}")]
     Read {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
 use crate::amqp;
 use crate::amqp::publisher::Publisher;
-use crate::amqp::{Published, queue_counts};
+use crate::amqp::{Published, queue_counts, reply_code};
 use crate::clock::now_ms;
 use crate::naming::Names;
 
@@ -135,7 +135,15 @@ async fn act_on(
         set_aside: 0,
     };
     let result = async {
-        report.held = queue_counts(&channel, queue).await.map_err(fail)?.messages;
+        report.held = queue_counts(&channel, queue)
+            .await
+            .map_err(|source| match reply_code(&source) {
+                Some(404) => ParkedError::Missing {
+                    queue: queue.to_string(),
+                },
+                _ => fail(source),
+            })?
+            .messages;
         let scan = report.held.min(u64::from(MOST_AT_ONCE)) as usize;
         if scan == 0 || limit == 0 {
             return Ok(());

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use delay_bridge::naming::Names;
 use delay_bridge::sandbox::process::ConfigFile;
 use lapin::BasicProperties;
 
@@ -183,5 +184,41 @@ async fn status_counts_a_cancel_stream_entry_it_cannot_read_and_the_rest() {
         "{table}"
     );
     client.close().await.unwrap();
+    w.cleanup().await;
+}
+
+/// `status` and `parked list` for a prefix no bridge has declared say which queue is
+/// missing and what to check, once, without the AMQP client's own log lines, and declare
+/// nothing.
+#[tokio::test]
+async fn status_and_parked_for_a_prefix_no_bridge_declared_say_what_to_check() {
+    let w = World::start(Setup {
+        start_bridge: false,
+        ..Setup::new("status-none")
+    })
+    .await;
+    let never = format!("{}-never", w.prefix());
+    let config = w.config_file_with(|config| config.names = Names::new(&never));
+    for (args, queue) in [
+        (&["status"][..], format!("`{never}.work`")),
+        (&["parked", "list"][..], format!("`{never}.parked`")),
+    ] {
+        let out = config
+            .command(bridge_exe())
+            .args(args)
+            .output()
+            .await
+            .expect("delay-bridge runs");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {said}");
+        assert!(said.contains(&queue), "{args:?}: {said}");
+        assert!(said.contains("does not exist"), "{args:?}: {said}");
+        assert!(said.contains("check the prefix"), "{args:?}: {said}");
+        assert!(!said.contains("lapin"), "{args:?}: {said}");
+        assert_eq!(said.matches("NOT_FOUND").count(), 0, "{args:?}: {said}");
+    }
+    for queue in [format!("{never}.work"), format!("{never}.parked")] {
+        assert!(w.counts(&queue).await.is_err(), "`{queue}` was declared");
+    }
     w.cleanup().await;
 }

@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::parse_duration;
 
 mod demo;
+mod error_report;
 mod health;
 mod parked_cmd;
 mod plan_cmd;
@@ -167,19 +169,31 @@ fn ensure_thread_stack() {
     );
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     ensure_thread_stack();
-    let cli = Cli::parse();
+    match dispatch(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", error_report::error_report(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command `cli` names.
+fn dispatch(cli: Cli) -> Result<()> {
     // The commands that work with a broker read the whole configuration first, so that
     // `log.format` applies to their first line; `plan` and `ladders` read it leniently.
     let config = match cli.command {
         Command::Plan { .. } | Command::Ladders { .. } => None,
         _ => Some(load(&cli)?),
     };
-    // The demo prints its own story; the bridge's logs would interleave with it.
+    // The demo prints its own story; the bridge's logs would interleave with it. A command
+    // that ends reports its own errors: the AMQP client's log lines would say them again.
     let default_filter = match cli.command {
+        Command::Run => "info",
         Command::Demo => "warn",
-        _ => "info",
+        _ => "info,lapin=off",
     };
     init_logging(
         config.as_ref().map_or(LogFormat::Text, |c| c.log_format),
