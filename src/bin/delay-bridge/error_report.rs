@@ -1,6 +1,7 @@
 //! How the command prints an error: the error, then each cause that says something new.
 
-/// `error` and its causes, one per line. A cause whose words the line before already
+/// `error` and its causes, one per line (a cause's own further lines indented under it).
+/// A cause whose words the line before already
 /// carries is left out: the library's errors name their source in their own message, so
 /// the plain chain says the same thing two or three times.
 pub fn error_report(error: &anyhow::Error) -> String {
@@ -10,7 +11,7 @@ pub fn error_report(error: &anyhow::Error) -> String {
         let text = cause.to_string();
         if !last.contains(&text) {
             report.push_str("\n  caused by: ");
-            report.push_str(&text);
+            report.push_str(&text.replace('\n', "\n    "));
         }
         last = text;
     }
@@ -42,6 +43,15 @@ mod tests {
         assert_eq!(
             error_report(&error),
             "reading the status\n  caused by: no such file"
+        );
+    }
+
+    #[test]
+    fn the_further_lines_of_a_cause_are_indented_under_it() {
+        let error = anyhow::anyhow!("line 3\nunknown field").context("invalid configuration");
+        assert_eq!(
+            error_report(&error),
+            "invalid configuration\n  caused by: line 3\n    unknown field"
         );
     }
 
