@@ -21,7 +21,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::Stats;
-use crate::bridge::instruments::{HOPS_BUCKETS, HOPS_PER_MESSAGE, LATENESS, LATENESS_BUCKETS};
+use crate::bridge::instruments::{
+    HOPS_BUCKETS, HOPS_PER_MESSAGE, LATENESS, LATENESS_BUCKETS, READ_LATENESS,
+};
 
 /// 1 while the bridge is ready, else 0.
 pub const READY: &str = "delay_bridge_ready";
@@ -42,6 +44,9 @@ impl MetricsRegistry {
     pub fn new() -> Self {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(LATENESS.into()), &LATENESS_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(READ_LATENESS.into()), &LATENESS_BUCKETS)
+            })
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(HOPS_PER_MESSAGE.into()), &HOPS_BUCKETS)
             })

@@ -461,6 +461,9 @@ impl Carrier {
                     .lateness
                     .record((confirmed_at as f64 - envelope.deliver_at as f64) / 1000.0);
                 instruments
+                    .read_lateness
+                    .record(read_at.saturating_sub(envelope.deliver_at) as f64 / 1000.0);
+                instruments
                     .hops_per_message
                     .record(f64::from(envelope.hops));
                 tracing::debug!(

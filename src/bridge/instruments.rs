@@ -18,6 +18,9 @@ pub const PARKED: &str = "delay_bridge_parked_total";
 /// Lateness at delivery: the broker's confirm of the publish to the target minus the due
 /// time, in seconds.
 pub const LATENESS: &str = "delay_bridge_delivery_lateness_seconds";
+/// How late a delivered message already was when the bridge read it for its delivery, in
+/// seconds (0 when it was read before its due time): the broker's part of the lateness.
+pub const READ_LATENESS: &str = "delay_bridge_read_lateness_seconds";
 /// Hops a message took, observed at its delivery.
 pub const HOPS_PER_MESSAGE: &str = "delay_bridge_hops_per_message";
 /// Messages ready in one level queue.
@@ -29,7 +32,7 @@ pub const PARKED_MESSAGES: &str = "delay_bridge_parked_messages";
 /// Pending messages surely due within `le` seconds (cumulative, `+Inf`: all of them).
 pub const PENDING_DUE: &str = "delay_bridge_pending_due_messages";
 
-/// The buckets of [`LATENESS`], in seconds.
+/// The buckets of [`LATENESS`] and [`READ_LATENESS`], in seconds.
 pub const LATENESS_BUCKETS: [f64; 16] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -44,6 +47,7 @@ pub(crate) struct Instruments {
     pub(crate) enabled: bool,
     parked: HashMap<ParkReason, Counter>,
     pub(crate) lateness: Histogram,
+    pub(crate) read_lateness: Histogram,
     pub(crate) hops_per_message: Histogram,
     /// Each level and its gauge, ascending.
     levels: Vec<(Duration, Gauge)>,
@@ -72,6 +76,11 @@ impl Instruments {
             KeyName::from_const_str(LATENESS),
             Some(Unit::Seconds),
             "Lateness at delivery: the broker's confirm of the publish to the target minus the due time.".into(),
+        );
+        recorder.describe_histogram(
+            KeyName::from_const_str(READ_LATENESS),
+            Some(Unit::Seconds),
+            "How late a delivered message already was when the bridge read it for its delivery (0 when read before its due time): the broker's part of the delivery lateness, from a level that dead-lettered late or a backlog in the work queue.".into(),
         );
         recorder.describe_histogram(
             KeyName::from_const_str(HOPS_PER_MESSAGE),
@@ -112,6 +121,7 @@ impl Instruments {
                 })
                 .collect(),
             lateness: recorder.register_histogram(&plain(LATENESS), &metadata),
+            read_lateness: recorder.register_histogram(&plain(READ_LATENESS), &metadata),
             hops_per_message: recorder.register_histogram(&plain(HOPS_PER_MESSAGE), &metadata),
             levels: config
                 .ladder

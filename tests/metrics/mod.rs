@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delay_bridge::bridge::Bridge;
+use delay_bridge::clock::now_ms;
 use delay_bridge::config::MetricsConfig;
 use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use lapin::BasicProperties;
@@ -212,6 +213,80 @@ async fn the_daemon_serves_metrics_that_count_known_traffic() {
     assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let answer = health();
     assert_eq!(answer.status.code(), Some(1), "{answer:?}");
+    let _ = std::fs::remove_file(&log);
+    w.cleanup().await;
+}
+
+/// A message that came back from its level while no bridge ran is read after its due time:
+/// `delay_bridge_read_lateness_seconds` (the broker's part of the lateness) shows how late,
+/// beside the delivery lateness; messages read in time count in its first bucket.
+#[tokio::test]
+async fn a_message_read_after_its_due_time_shows_in_read_lateness() {
+    let mut w = World::start(Setup {
+        ladder: "1s",
+        margin: Duration::from_millis(250),
+        ..Setup::new("read-late")
+    })
+    .await;
+    let sent = w.publish("rk.read-late", b"late", with_delay(1_500)).await;
+    let level = w.config.names.level_queue(SEC);
+    let deadline = Instant::now() + 10 * SEC;
+    while w.queue_depth(&level).await == 0 {
+        assert!(Instant::now() < deadline, "no hop into `{level}`");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.stop_bridge().await;
+    // Back in the work queue with no bridge to read it, until well past its due time.
+    let work = w.config.names.work_queue();
+    let late_by: u32 = 600;
+    let deadline = Instant::now() + 10 * SEC;
+    while w.queue_depth(&work).await == 0 || now_ms() < sent + 1_500 + u64::from(late_by) {
+        assert!(Instant::now() < deadline, "the message never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let config = w.config_file_with(|config| {
+        config.metrics = Some(MetricsConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            interval: Duration::from_secs(5),
+        });
+    });
+    let log = std::env::temp_dir().join(format!("{}.log", w.prefix()));
+    let bridge = spawn_logging(&config, Some("info"), &log);
+    let base = listener_url(&log, 30 * SEC).await;
+    let late = w.recv_within(10 * SEC).await;
+    assert_eq!(late.body, b"late");
+    w.publish("rk.read-late", b"on time", with_delay(1_500))
+        .await;
+    assert_eq!(w.recv_within(10 * SEC).await.body, b"on time");
+    let text = wait_for_sample(
+        &base,
+        "delay_bridge_read_lateness_seconds_count",
+        2.0,
+        10 * SEC,
+    )
+    .await;
+    let value =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series} in:\n{text}"));
+    // The on-time one in the first bucket, the late one past 0.5 s.
+    assert_eq!(
+        value(r#"delay_bridge_read_lateness_seconds_bucket{le="0.001"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"delay_bridge_read_lateness_seconds_bucket{le="0.5"}"#),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        value("delay_bridge_read_lateness_seconds_sum") >= f64::from(late_by) / 1000.0,
+        "{text}"
+    );
+    assert!(
+        value("delay_bridge_delivery_lateness_seconds_sum")
+            >= value("delay_bridge_read_lateness_seconds_sum"),
+        "{text}"
+    );
+    assert!(bridge.terminate(20 * SEC).await.unwrap().success());
     let _ = std::fs::remove_file(&log);
     w.cleanup().await;
 }
