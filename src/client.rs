@@ -144,9 +144,10 @@ pub enum ClientError {
         max: Duration,
     },
     /// A reschedule cancelled the earlier copy, and then the publish of the new one failed:
-    /// the message is no longer scheduled. Schedule it again once the cause is fixed.
+    /// the message is no longer scheduled (unless `source` is [`ClientError::Unconfirmed`],
+    /// when the new copy may have been taken). Schedule it again once the cause is fixed.
     #[error(
-        "the earlier copy of `{message_id}` is cancelled, but the new one was not scheduled: {source}"
+        "the earlier copy of `{message_id}` is cancelled; scheduling the new one failed: {source}"
     )]
     CancelledNotScheduled {
         /// The rescheduled message's id.

@@ -12,6 +12,7 @@
 
 mod above_zero;
 mod baseline;
+mod bridge_metrics;
 mod broker_memory;
 mod broker_process;
 mod burst;

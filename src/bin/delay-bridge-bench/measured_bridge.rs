@@ -2,11 +2,13 @@
 //! `run` in a child process, so that its memory and CPU time (read from `/proc`) are its
 //! own and not the load generator's.
 
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use delay_bridge::config::MetricsConfig;
 use delay_bridge::sandbox::Sandbox;
 use delay_bridge::sandbox::process::{BridgeProcess, ConfigFile, ProcessLog};
 
@@ -16,10 +18,16 @@ use crate::process_usage::{self, ProcessUsage};
 /// millions of tombstones.
 const READY_WITHIN: Duration = Duration::from_secs(300);
 
+/// How often the measured bridge reads its queue depths for its gauges: once an hour, so
+/// that its listener (read for its lateness histograms) adds no broker work to a run.
+const DEPTHS_EVERY: Duration = Duration::from_secs(3600);
+
 /// A `delay-bridge run` child process serving a sandbox.
 pub struct MeasuredBridge {
     process: BridgeProcess,
     _config: ConfigFile,
+    /// Its Prometheus listener's `/metrics`.
+    metrics_url: String,
 }
 
 /// The `delay-bridge` executable built beside this one.
@@ -40,7 +48,13 @@ impl MeasuredBridge {
     /// work queue, which it does only once its topology is declared and the cancel stream
     /// is read up to date.
     pub async fn start(sandbox: &Sandbox) -> Result<Self> {
-        let config = ConfigFile::write(&sandbox.config)?;
+        let listen = free_loopback_port()?;
+        let mut config = sandbox.config.clone();
+        config.metrics = Some(MetricsConfig {
+            listen,
+            interval: DEPTHS_EVERY,
+        });
+        let config = ConfigFile::write(&config)?;
         let log = ProcessLog {
             rust_log: Some(
                 std::env::var("DELAY_BRIDGE_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
@@ -62,7 +76,21 @@ impl MeasuredBridge {
         Ok(Self {
             process,
             _config: config,
+            metrics_url: format!("http://{listen}/metrics"),
         })
+    }
+
+    /// Its metrics now, as Prometheus text.
+    pub async fn metrics(&self) -> Result<String> {
+        let response = reqwest::get(&self.metrics_url)
+            .await
+            .with_context(|| format!("GET {}", self.metrics_url))?;
+        response
+            .error_for_status()
+            .with_context(|| format!("GET {}", self.metrics_url))?
+            .text()
+            .await
+            .context("reading the bridge's metrics")
     }
 
     /// Its memory and CPU time now.
@@ -79,4 +107,10 @@ impl MeasuredBridge {
         }
         Ok(())
     }
+}
+
+/// A loopback address with a port free now (the system's pick), for the bridge's listener.
+fn free_loopback_port() -> Result<SocketAddr> {
+    let probe = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    probe.local_addr().context("finding a free port")
 }

@@ -21,6 +21,7 @@ use super::load::{Collector, due_at, publish};
 use super::{Spread, Target, bridge_description, mib, ms, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
+use crate::bridge_metrics::LatenessSplit;
 use crate::measured_bridge::MeasuredBridge;
 use crate::process_usage::UsageSpan;
 
@@ -124,6 +125,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         mib(m.bridge.rss_end),
         mib(m.bridge.peak_rss)
     );
+    if let Some(split) = &m.lateness_split {
+        println!("{}", split.line());
+    }
     println!("{}", m.cost.line());
     let (p99, max_late) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
     println!("machine CPU busy during the run: {}", m.machine_busy);
@@ -179,6 +183,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         "received": m.arrivals.received, "missing": m.arrivals.missing(),
         "duplicates": m.arrivals.duplicates, "early": m.early,
         "lateness": spread.map(|s| s.json()),
+        "bridge_lateness": m.lateness_split.map(|s| s.json()),
         "cost": m.cost.json(),
     });
     print_report(report, &targets, &m.bridge, "start", Some(&m.machine_busy));
@@ -202,6 +207,8 @@ pub struct Load {
 
 /// What one steady run measured.
 pub struct Measured {
+    /// The bridge's own count of late confirms and late reads.
+    pub lateness_split: Option<LatenessSplit>,
     /// How busy the whole machine was during the run.
     pub machine_busy: String,
     /// What arrived.
@@ -257,12 +264,14 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let end = process.usage()?;
     let broker_end = broker_cpu_now(baseline)?;
+    let lateness_split = LatenessSplit::read(&process.metrics().await?);
     process.stop().await?;
     let machine_busy = machine.busy_since(&super::MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
     let bridge = start.until(&end);
     Ok(Measured {
+        lateness_split,
         machine_busy,
         early: arrivals.lateness_us.iter().take_while(|l| **l < 0).count(),
         arrivals,

@@ -1,0 +1,112 @@
+//! What the bridge under test counts of its own lateness, read from its Prometheus listener
+//! at the end of a run: how many deliveries it confirmed late, and how many of them it had
+//! already read late (the broker handed them over late).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use delay_bridge::bridge::instruments::{LATENESS, READ_LATENESS};
+
+/// The lateness threshold the split is taken at, as the histograms' bucket bound (`le`).
+const OVER_LE: &str = "0.01";
+/// The same threshold, for the report.
+const OVER: Duration = Duration::from_millis(10);
+
+/// Of the deliveries the bridge confirmed, how many were late by more than [`OVER`] at its
+/// confirm, and how many already were when it read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatenessSplit {
+    /// Deliveries confirmed.
+    pub delivered: f64,
+    /// Confirmed more than [`OVER`] after their due time.
+    pub confirmed_late: f64,
+    /// Read more than [`OVER`] after their due time.
+    pub read_late: f64,
+}
+
+impl LatenessSplit {
+    /// Reads the split from the Prometheus text `metrics`; `None` when a histogram or its
+    /// bucket is missing.
+    pub fn read(metrics: &str) -> Option<Self> {
+        let delivered = bucket(metrics, LATENESS, "+Inf")?;
+        Some(Self {
+            delivered,
+            confirmed_late: delivered - bucket(metrics, LATENESS, OVER_LE)?,
+            read_late: bucket(metrics, READ_LATENESS, "+Inf")?
+                - bucket(metrics, READ_LATENESS, OVER_LE)?,
+        })
+    }
+
+    /// One report line.
+    pub fn line(&self) -> String {
+        let share = |n: f64| 100.0 * n / self.delivered.max(1.0);
+        format!(
+            "the bridge's own count (its /metrics): of {:.0} delivered, {:.2}% confirmed more than {} ms late, {:.2}% already read more than {} ms late (the broker handed them over late)",
+            self.delivered,
+            share(self.confirmed_late),
+            OVER.as_millis(),
+            share(self.read_late),
+            OVER.as_millis()
+        )
+    }
+
+    /// The report's JSON.
+    pub fn json(&self) -> Value {
+        json!({
+            "over_ms": OVER.as_millis() as u64,
+            "delivered": self.delivered,
+            "confirmed_late": self.confirmed_late,
+            "read_late": self.read_late,
+        })
+    }
+}
+
+/// The value of `metric`'s bucket `le` in the Prometheus text `metrics`.
+fn bucket(metrics: &str, metric: &str, le: &str) -> Option<f64> {
+    let series = format!("{metric}_bucket{{le=\"{le}\"}}");
+    metrics.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "\
+# TYPE delay_bridge_delivery_lateness_seconds histogram
+delay_bridge_delivery_lateness_seconds_bucket{le=\"0.005\"} 90
+delay_bridge_delivery_lateness_seconds_bucket{le=\"0.01\"} 95
+delay_bridge_delivery_lateness_seconds_bucket{le=\"+Inf\"} 100
+delay_bridge_read_lateness_seconds_bucket{le=\"0.01\"} 98
+delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
+";
+
+    #[test]
+    fn the_split_counts_what_is_above_the_bound() {
+        let split = LatenessSplit::read(TEXT).unwrap();
+        assert_eq!(
+            split,
+            LatenessSplit {
+                delivered: 100.0,
+                confirmed_late: 5.0,
+                read_late: 2.0
+            }
+        );
+        assert!(split.line().contains(
+            "of 100 delivered, 5.00% confirmed more than 10 ms late, 2.00% already read"
+        ));
+    }
+
+    #[test]
+    fn a_missing_histogram_gives_no_split() {
+        let without_read = TEXT
+            .lines()
+            .filter(|line| !line.starts_with("delay_bridge_read"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(LatenessSplit::read(&without_read), None);
+    }
+}
