@@ -238,6 +238,8 @@ pub struct RawBridge {
     )]
     pub hop_window: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle_hops: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_unacked_bytes: Option<u64>,
 }
 
@@ -640,6 +642,9 @@ pub struct Config {
     /// window reach each level together and expire together: the broker then handles them
     /// in batches (zero: hop at once). Deliveries never wait for it.
     pub hop_window: Duration,
+    /// The hops of one `hop_window` into the same level travel as one message (a bundle):
+    /// the broker stores, expires, dead-letters, delivers and acks one message for them.
+    pub bundle_hops: bool,
     /// A work-queue delivery redelivered this many times without being settled is parked
     /// `redelivery-limit` (counted by quorum queues, and by the bridge process itself).
     pub redelivery_limit: u32,
@@ -693,6 +698,8 @@ pub mod defaults {
     /// `bridge.hop_window` may be at most this: a hop waiting for its window holds its
     /// delivery unacked.
     pub const MAX_HOP_WINDOW: Duration = Duration::from_secs(1);
+    /// `bridge.bundle_hops`
+    pub const BUNDLE_HOPS: bool = false;
     /// `bridge.redelivery_limit` must stay below the quorum work queue's own
     /// `x-delivery-limit` (50), which dead-letters without a reason.
     pub const MAX_REDELIVERY_LIMIT: u32 = 49;
@@ -919,6 +926,14 @@ impl RawConfig {
                 "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
             ));
         }
+        let bundle_hops = self.bridge.bundle_hops.unwrap_or(defaults::BUNDLE_HOPS);
+        if bundle_hops && hop_window.is_zero() {
+            return Err(invalid(
+                "bridge.bundle_hops",
+                "true".to_string(),
+                "needs a bridge.hop_window above 0s (the hops of one window are bundled)",
+            ));
+        }
         let redelivery_limit = count_key(
             "bridge.redelivery_limit",
             self.bridge.redelivery_limit,
@@ -1002,6 +1017,7 @@ impl RawConfig {
             confirm_timeout,
             target_full_timeout,
             hop_window,
+            bundle_hops,
             redelivery_limit,
             max_unacked_bytes,
             cancel_grace,
@@ -1130,6 +1146,7 @@ impl Config {
                 target_full_timeout: Some(self.target_full_timeout),
                 redelivery_limit: Some(self.redelivery_limit),
                 hop_window: Some(self.hop_window),
+                bundle_hops: Some(self.bundle_hops),
                 max_unacked_bytes: Some(self.max_unacked_bytes),
             },
             cancel: RawCancel {
@@ -1203,7 +1220,8 @@ mod tests {
              [delays]\nladder = \"1s 5s 1m30s\"\nmargin = \"120ms\"\nmax_delay = \"30d\"\n\
              [bridge]\nprefetch = 100\nworker_threads = 2\nshutdown_timeout = \"3s\"\n\
              confirm_timeout = \"7s 500us\"\ntarget_full_timeout = \"90s\"\n\
-             redelivery_limit = 7\nmax_unacked_bytes = 1048576\nhop_window = \"0s\"\n\
+             redelivery_limit = 7\nmax_unacked_bytes = 1048576\nhop_window = \"20ms\"\n\
+             bundle_hops = true\n\
              [cancel]\ngrace = \"2h\"\n{MINIMAL}\
              [[route]]\ningress = \"b.in\"\ntarget = \"b\"\n"
         );
@@ -1410,6 +1428,11 @@ mod tests {
                 "0",
             ),
             ("[bridge]\nhop_window = \"2s\"\n", "bridge.hop_window", "2s"),
+            (
+                "[bridge]\nbundle_hops = true\n",
+                "bridge.bundle_hops",
+                "true",
+            ),
         ];
         for (extra, key, value) in cases {
             let err = parse(&format!("{extra}{MINIMAL}")).unwrap_err().to_string();

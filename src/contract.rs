@@ -7,7 +7,8 @@
 //!
 //! One job per file: `value` reads AMQP values (the plugin's `x-delay` rules, times),
 //! `decode` reads a consumed delivery, `encode` builds what is published next, `reason` holds
-//! the stable park reasons, `size` measures a content header's frame.
+//! the stable park reasons, `size` measures a content header's frame, `bundle` packs the
+//! hops of one window into one message.
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::config::Route;
 
+pub mod bundle;
 mod decode;
 mod encode;
 mod reason;
@@ -97,6 +99,9 @@ pub mod header {
     pub const RAW_ROUTING_KEY: &str = "delay-bridge-raw-routing-key";
     /// On delivered messages whose publisher set a `user_id` other than the bridge's user.
     pub const ORIGINAL_USER_ID: &str = "original-user-id";
+    /// On a bundle: how many messages it carries (see [`bundle`](super::bundle)). Read only
+    /// on a delivery that came back through the work exchange.
+    pub const BUNDLE: &str = "delay-bridge-bundle";
     /// Failed deliveries so far, set by quorum queues on redelivery.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
@@ -104,7 +109,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 27] = [
+    pub const ALL: [&str; 28] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -129,6 +134,7 @@ pub mod header {
         RAW_PROPERTIES,
         RAW_ROUTING_KEY,
         ORIGINAL_USER_ID,
+        BUNDLE,
         DELIVERY_COUNT,
         "x-death",
         "x-first-death-reason",

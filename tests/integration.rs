@@ -3,6 +3,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod bundles;
 mod cancel;
 #[cfg(feature = "bench")]
 mod client_candidate;

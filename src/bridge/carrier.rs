@@ -1,6 +1,7 @@
 //! The carrier of one message: decode it, then hop, hold, deliver, park or drop it until
 //! whatever replaces it is confirmed, and report that to the session (which alone acks).
-//! The hold timer lives here.
+//! The hold timer lives here; [`bundles`] carries the hops of one window into one level as
+//! one message.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,11 +20,14 @@ use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::verdict::{Culprit, Verdict, Whose, verdict, whose};
 use crate::clock::{now_ms, until_epoch_ms};
+use crate::contract::bundle;
 use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
     hop_properties, parked_properties,
 };
 use crate::plan::{Step, hop_window_end, next_step};
+
+mod bundles;
 
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
@@ -58,6 +62,8 @@ pub(super) struct Carrier {
     events: mpsc::UnboundedSender<Event>,
     /// Fires when the session stops: holds and backoffs give their delivery back.
     stop: CancellationToken,
+    /// The bundles of hops filling up now (`bridge.bundle_hops`).
+    bundles: Arc<bundles::Filling>,
 }
 
 /// A decoded delivery on its way to its target.
@@ -71,10 +77,22 @@ struct Decoded {
 
 /// A delivery that could not be decoded: parked as it was consumed.
 struct Undecodable {
+    /// The delivery it came in (a bundle's, for a message of a bundle).
+    tag: u64,
     body: Vec<u8>,
     routing_key: ShortString,
     consumed: lapin::BasicProperties,
     parked: Parked,
+}
+
+/// A delivery ready to be carried. Most are `One`: boxing it would cost every delivery an
+/// allocation to spare the few bundles some bytes.
+#[allow(clippy::large_enum_variant)]
+enum Prepared {
+    /// A message that came alone.
+    One(Result<Decoded, Box<Undecodable>>),
+    /// A bundle of messages that hopped together.
+    Bundle(bundles::PreparedBundle),
 }
 
 /// Where a publish goes: the bridge's own topology (a level or the parked queue), or a
@@ -152,11 +170,14 @@ impl Carrier {
             frame_max: connection.configuration().frame_max(),
             events,
             stop,
+            bundles: Arc::default(),
         }
     }
 
     /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
-    /// reports [`Event`]s for `delivery_tag`.
+    /// reports [`Event`]s for `delivery_tag`. A bundle that came back from a level is
+    /// carried as its messages, each as a delivery of its own would be, and ends when the
+    /// last of them does.
     pub(super) fn start(&self, delivery: Delivery) {
         let carrier = self.clone();
         let tag = delivery.delivery_tag;
@@ -176,22 +197,19 @@ impl Carrier {
                 .unwrap_or_else(|e| e.into_inner())
                 .redelivered(fingerprint)
         });
+        let is_bundle = delivery.exchange.as_str() == self.shared.work_exchange
+            && bundle::is_bundle(&delivery.properties);
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
-        let prepared = carrier.prepare(delivery, redeliveries);
+        let prepared = if is_bundle {
+            Prepared::Bundle(carrier.prepare_bundle(delivery, redeliveries))
+        } else {
+            Prepared::One(carrier.prepare(delivery, redeliveries))
+        };
         tokio::spawn(async move {
             let outcome = match &prepared {
-                Ok(decoded) => carrier.carry(decoded).await,
-                Err(undecodable) => {
-                    Box::pin(carrier.park(
-                        tag,
-                        &undecodable.body,
-                        &undecodable.routing_key,
-                        &undecodable.consumed,
-                        &undecodable.parked,
-                    ))
-                    .await
-                }
+                Prepared::One(one) => carrier.carry_prepared(one).await,
+                Prepared::Bundle(bundle) => Box::pin(carrier.carry_bundle(bundle)).await,
             };
             if let (Outcome::Done, Some(fingerprint)) = (&outcome, redelivered) {
                 carrier
@@ -207,6 +225,23 @@ impl Carrier {
                 outcome,
             });
         });
+    }
+
+    /// Carries one decoded delivery, or parks one that could not be decoded.
+    async fn carry_prepared(&self, prepared: &Result<Decoded, Box<Undecodable>>) -> Outcome {
+        match prepared {
+            Ok(decoded) => self.carry(decoded).await,
+            Err(undecodable) => {
+                Box::pin(self.park(
+                    undecodable.tag,
+                    &undecodable.body,
+                    &undecodable.routing_key,
+                    &undecodable.consumed,
+                    &undecodable.parked,
+                ))
+                .await
+            }
+        }
     }
 
     /// Closes the carrier's channels (at the end of a session that ended well).
@@ -241,6 +276,7 @@ impl Carrier {
                 read_at,
             }),
             Err(parked) => Err(Box::new(Undecodable {
+                tag: delivery_tag,
                 body: data,
                 routing_key,
                 consumed: properties,
@@ -259,11 +295,38 @@ impl Carrier {
             read_at,
         } = moving;
         let mut in_window = config.hop_window.is_zero();
+        let mut bundled = config.bundle_hops;
         loop {
             if self.cancelled(envelope) {
                 return Outcome::Done;
             }
             match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
+                // A bundled hop is planned for its window's end, when its bundle leaves;
+                // one too close to its due time by then waits it out here instead.
+                Step::Hop(_) if bundled => {
+                    let leaves_at = hop_window_end(now_ms(), config.hop_window);
+                    match next_step(
+                        envelope.deliver_at,
+                        leaves_at,
+                        &config.ladder,
+                        config.margin,
+                    ) {
+                        Step::Hop(level) => {
+                            match Box::pin(self.hop_bundled(*tag, body, envelope, level, leaves_at))
+                                .await
+                            {
+                                Some(outcome) => return outcome,
+                                // Its bundle was refused: it hops alone.
+                                None => bundled = false,
+                            }
+                        }
+                        Step::Hold(_) | Step::Deliver => {
+                            if !self.hold(*tag, envelope.deliver_at).await {
+                                return Outcome::Release;
+                            }
+                        }
+                    }
+                }
                 // A hop waits for its window to end, then plans again: the hops of one
                 // window reach each level together, and the broker handles them together.
                 Step::Hop(_) if !in_window => {
@@ -278,18 +341,26 @@ impl Carrier {
                 // where most deliveries wait.
                 Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
                 Step::Hold(_) => {
-                    let _ = self.events.send(Event::Held(*tag));
-                    // Sleep to the due instant itself (µs precision), not to a whole-ms
-                    // remainder, so the timer adds at most its own 1 ms tick.
-                    tokio::select! {
-                        _ = tokio::time::sleep(until_epoch_ms(envelope.deliver_at)) => continue,
-                        _ = self.stop.cancelled() => return Outcome::Release,
+                    if !self.hold(*tag, envelope.deliver_at).await {
+                        return Outcome::Release;
                     }
                 }
                 Step::Deliver => {
                     return Box::pin(self.deliver(*tag, body, envelope, *read_at)).await;
                 }
             }
+        }
+    }
+
+    /// Waits until `deliver_at` (epoch ms) with the delivery `tag` counted as held; false
+    /// when the session stopped first.
+    async fn hold(&self, tag: u64, deliver_at: u64) -> bool {
+        let _ = self.events.send(Event::Held(tag));
+        // Sleep to the due instant itself (µs precision), not to a whole-ms remainder, so
+        // the timer adds at most its own 1 ms tick.
+        tokio::select! {
+            _ = tokio::time::sleep(until_epoch_ms(deliver_at)) => true,
+            _ = self.stop.cancelled() => false,
         }
     }
 
@@ -301,23 +372,45 @@ impl Carrier {
         properties: &lapin::BasicProperties,
         redeliveries: Option<u32>,
     ) -> Result<Envelope, Parked> {
-        let config = &self.shared.config;
-        let limit = config.redelivery_limit;
+        if let Some(parked) = self.redelivered_too_often(properties, redeliveries) {
+            return Err(parked);
+        }
+        self.decode(exchange, routing_key, properties)
+    }
+
+    /// Why a delivery with these properties, redelivered `redeliveries` times to this
+    /// process (`None`: not flagged redelivered), must be parked `redelivery-limit`, if it
+    /// must.
+    fn redelivered_too_often(
+        &self,
+        properties: &lapin::BasicProperties,
+        redeliveries: Option<u32>,
+    ) -> Option<Parked> {
+        let limit = self.shared.config.redelivery_limit;
         // Only a redelivery's `x-delivery-count` is the broker's: on a first delivery the
         // header can only be the publisher's.
-        if let Some(redeliveries) = redeliveries {
-            if let Some(parked) = contract::redelivered_too_often(properties, i64::from(limit)) {
-                return Err(parked);
-            }
-            if redeliveries >= limit {
-                return Err(Parked::new(
-                    ParkReason::RedeliveryLimit,
-                    format!(
-                        "redelivered {redeliveries} times to this bridge without being settled; parked so it cannot stall the bridge"
-                    ),
-                ));
-            }
+        let redeliveries = redeliveries?;
+        if let Some(parked) = contract::redelivered_too_often(properties, i64::from(limit)) {
+            return Some(parked);
         }
+        (redeliveries >= limit).then(|| {
+            Parked::new(
+                ParkReason::RedeliveryLimit,
+                format!(
+                    "redelivered {redeliveries} times to this bridge without being settled; parked so it cannot stall the bridge"
+                ),
+            )
+        })
+    }
+
+    /// Decodes a message that came through `exchange`, or says why it must be parked.
+    fn decode(
+        &self,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        properties: &lapin::BasicProperties,
+    ) -> Result<Envelope, Parked> {
+        let config = &self.shared.config;
         let intake = Intake {
             work_exchange: &self.shared.work_exchange,
             routes: &config.routes,

@@ -62,6 +62,10 @@ pub enum BridgeError {
     /// The consumer was cancelled or its stream ended.
     #[error("the work-queue consumer ended: {0}")]
     ConsumerEnded(String),
+    /// Publishing the bundle a message hopped in failed in a way that needs a new session
+    /// (the error its publish met).
+    #[error("publishing a bundle of hops: {0}")]
+    Bundle(String),
 }
 
 impl BridgeError {
@@ -170,8 +174,11 @@ macro_rules! export {
 counters! {
     /// Deliveries consumed from the work queue.
     consumed: counter "delay_bridge_consumed_total",
-    /// Hops published into level queues (confirmed).
+    /// Hops published into level queues (confirmed), alone or in a bundle.
     hops: counter "delay_bridge_hops_total",
+    /// Bundles published into level queues (confirmed): each carries the hops of one
+    /// `bridge.hop_window` into one level (`bridge.bundle_hops`).
+    bundles: counter "delay_bridge_bundles_total",
     /// Messages published to their target (confirmed).
     delivered: counter "delay_bridge_delivered_total",
     /// Messages parked (confirmed); exported by reason as `delay_bridge_parked_total`.

@@ -103,6 +103,10 @@ pub struct Setup<'a> {
     pub management: RawManagement,
     /// False: nothing consumes the parked queue (the test reads it itself).
     pub watch_parked: bool,
+    /// `bridge.hop_window`, when not the default.
+    pub hop_window: Option<Duration>,
+    /// `bridge.bundle_hops`, when not the default.
+    pub bundle_hops: Option<bool>,
 }
 
 impl<'a> Setup<'a> {
@@ -122,6 +126,8 @@ impl<'a> Setup<'a> {
             max_unacked_bytes: None,
             management: RawManagement::default(),
             watch_parked: true,
+            hop_window: None,
+            bundle_hops: None,
         }
     }
 
@@ -136,6 +142,8 @@ impl<'a> Setup<'a> {
         raw.bridge.target_full_timeout = self.target_full_timeout;
         raw.bridge.redelivery_limit = self.redelivery_limit;
         raw.bridge.max_unacked_bytes = self.max_unacked_bytes;
+        raw.bridge.hop_window = self.hop_window;
+        raw.bridge.bundle_hops = self.bundle_hops;
         raw.management = self.management.clone();
         raw.validate().expect("test config is valid")
     }

@@ -1,0 +1,367 @@
+//! Bundles of hops (`bridge.bundle_hops`): the messages that hop into the same level in the
+//! same `bridge.hop_window` travel as one message (`contract::bundle`), and a bundle that
+//! comes back is carried as its messages.
+//!
+//! Hop side: the first message of a (level, window) group leads it. It waits for the
+//! window's end, publishes the group as one bundle (more when it passes
+//! [`MAX_BUNDLE_BYTES`]) and tells every message how that went; each message's delivery is
+//! acked once its bundle is confirmed, as after a hop of its own.
+//!
+//! Return side: a bundle's delivery is acked once every message in it is settled (hopped
+//! again, delivered, parked or dropped). When the session stops first, the messages not yet
+//! settled travel on as a bundle of their own through the work exchange before the delivery
+//! is acked, so a graceful stop delivers nothing twice. After a failure that renews the
+//! session the whole bundle goes back to the broker, and its settled messages come again
+//! (at least once, as any delivery unacked at a fault).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::types::ShortString;
+use tokio::sync::oneshot;
+
+use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodable};
+use crate::bridge::BridgeError;
+use crate::clock::{now_ms, until_epoch_ms};
+use crate::contract::bundle::{self, Member};
+use crate::contract::{Envelope, consumed_properties, hop_properties};
+
+/// A message that takes more than this in a bundle (body and properties) hops alone: a
+/// bundle must never be refused for a size its messages would pass alone.
+const MAX_MEMBER_BYTES: usize = 64 * 1024;
+/// A bundle takes messages until it is this large; the rest of its group goes in the next.
+const MAX_BUNDLE_BYTES: usize = 1024 * 1024;
+
+/// How the bundle a message hopped in was settled.
+#[derive(Debug, Clone)]
+enum Answer {
+    /// Confirmed into its level.
+    Routed,
+    /// The level refused the bundle (for its size): the message hops alone.
+    Alone,
+    /// The session is stopping: the message goes back.
+    Release,
+    /// The publish failed in a way that renews the session (the error, as text).
+    Failed(String),
+}
+
+/// A message waiting for its bundle to leave.
+struct Waiting {
+    /// Its bytes in the bundle's body.
+    member: Vec<u8>,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// A group of hops: the level they go to and when their bundle leaves (epoch ms).
+type GroupKey = (Duration, u64);
+
+/// The bundles filling up now.
+#[derive(Default)]
+pub(in crate::bridge) struct Filling {
+    groups: Mutex<HashMap<GroupKey, Vec<Waiting>>>,
+}
+
+impl Filling {
+    /// Adds a message to its group: how its bundle is settled, and whether it is the
+    /// group's first (its leader).
+    fn join(&self, key: GroupKey, member: Vec<u8>) -> (oneshot::Receiver<Answer>, bool) {
+        let (answer, answered) = oneshot::channel();
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let group = groups.entry(key).or_default();
+        group.push(Waiting { member, answer });
+        (answered, group.len() == 1)
+    }
+
+    /// Takes a group out: a message that joins after this starts the next.
+    fn take(&self, key: GroupKey) -> Vec<Waiting> {
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+            .unwrap_or_default()
+    }
+}
+
+/// A bundle that came back: its messages ready to be carried, or the bundle itself to be
+/// parked whole (it could not be read).
+pub(in crate::bridge) type PreparedBundle = Result<Bundle, Box<Undecodable>>;
+
+/// The messages of a bundle that came back.
+pub(in crate::bridge) struct Bundle {
+    /// Its delivery.
+    tag: u64,
+    /// The routing key it came back with (its level's name).
+    routing_key: ShortString,
+    /// Each message decoded, or why it is parked.
+    messages: Vec<Result<Decoded, Box<Undecodable>>>,
+}
+
+/// `items` in order, cut into runs whose `size`s add up to at most `max` (an item larger
+/// than `max` makes a run of its own).
+fn split_by_size<T>(items: Vec<T>, size: impl Fn(&T) -> usize, max: usize) -> Vec<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = Vec::new();
+    let mut filled = 0;
+    for item in items {
+        let len = size(&item);
+        match runs.last_mut() {
+            Some(run) if filled + len <= max => run.push(item),
+            _ => {
+                runs.push(vec![item]);
+                filled = 0;
+            }
+        }
+        filled += len;
+    }
+    runs
+}
+
+impl Carrier {
+    /// Hops a message in the bundle of its level that leaves at `leaves_at` (epoch ms):
+    /// `None` when it must hop alone (too large for a bundle, or its bundle was refused).
+    pub(super) async fn hop_bundled(
+        &self,
+        tag: u64,
+        body: &[u8],
+        envelope: &Envelope,
+        level: Duration,
+        leaves_at: u64,
+    ) -> Option<Outcome> {
+        let member = bundle::encode_member(&hop_properties(envelope), body)
+            .filter(|member| member.len() <= MAX_MEMBER_BYTES)?;
+        let key = (level, leaves_at);
+        let (answered, leads) = self.bundles.join(key, member);
+        if leads {
+            self.lead(tag, key).await;
+        }
+        match answered.await.unwrap_or(Answer::Release) {
+            Answer::Routed => {
+                self.shared.stats.hops.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(?level, hops = envelope.hops + 1, "hop in a bundle");
+                Some(Outcome::Done)
+            }
+            Answer::Alone => None,
+            Answer::Release => Some(Outcome::Release),
+            Answer::Failed(error) => Some(Outcome::Failed(BridgeError::Bundle(error))),
+        }
+    }
+
+    /// Leads the group `key`: waits for its window's end, then publishes it and answers
+    /// every message in it (on a stop first, each is released).
+    async fn lead(&self, tag: u64, key: GroupKey) {
+        let stopped = tokio::select! {
+            _ = tokio::time::sleep(until_epoch_ms(key.1)) => false,
+            _ = self.stop.cancelled() => true,
+        };
+        let waiting = self.bundles.take(key);
+        if stopped {
+            for message in waiting {
+                let _ = message.answer.send(Answer::Release);
+            }
+            return;
+        }
+        let queue = self.shared.config.names.level_queue(key.0);
+        let bundles = split_by_size(waiting, |w| w.member.len(), MAX_BUNDLE_BYTES);
+        futures::future::join_all(
+            bundles
+                .into_iter()
+                .map(|messages| self.publish_bundle(tag, &queue, messages)),
+        )
+        .await;
+    }
+
+    /// Publishes `messages` as one bundle into the level `queue` and answers each of them.
+    async fn publish_bundle(&self, tag: u64, queue: &str, messages: Vec<Waiting>) {
+        let body = bundle::bundle_body(messages.iter().map(|w| w.member.as_slice()));
+        let attempt = Attempt {
+            tag,
+            destination: Destination::Own(queue),
+            exchange: ShortString::from(""),
+            routing_key: ShortString::from(queue),
+            body: &body,
+            properties: bundle::bundle_properties(messages.len()),
+        };
+        let answer = match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                self.shared.stats.bundles.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(queue, messages = messages.len(), "bundle");
+                Answer::Routed
+            }
+            Settled::Park(refused) => {
+                tracing::warn!(
+                    queue,
+                    messages = messages.len(),
+                    reason = refused.reason.as_str(),
+                    "a level refused a bundle: its messages hop alone"
+                );
+                Answer::Alone
+            }
+            Settled::Release => Answer::Release,
+            Settled::Failed(error) => Answer::Failed(error.to_string()),
+        };
+        for message in messages {
+            let _ = message.answer.send(answer.clone());
+        }
+    }
+
+    /// Reads a bundle that came back through the work exchange into its messages, each
+    /// decoded as a delivery of its own would be (a bundle redelivered too often parks
+    /// every message in it `redelivery-limit`).
+    pub(super) fn prepare_bundle(
+        &self,
+        delivery: Delivery,
+        redeliveries: Option<u32>,
+    ) -> PreparedBundle {
+        let read_at = now_ms();
+        let Delivery {
+            delivery_tag: tag,
+            exchange,
+            routing_key,
+            properties,
+            data,
+            ..
+        } = delivery;
+        let members = match bundle::decode_bundle(&properties, &data) {
+            Ok(members) => members,
+            Err(parked) => {
+                return Err(Box::new(Undecodable {
+                    tag,
+                    body: data,
+                    routing_key,
+                    consumed: properties,
+                    parked,
+                }));
+            }
+        };
+        let too_often = self.redelivered_too_often(&properties, redeliveries);
+        let messages = members
+            .into_iter()
+            .map(|Member { properties, body }| {
+                let decoded = match &too_often {
+                    Some(parked) => Err(parked.clone()),
+                    None => self.decode(&exchange, &routing_key, &properties),
+                };
+                match decoded {
+                    Ok(envelope) => Ok(Decoded {
+                        tag,
+                        body,
+                        envelope,
+                        read_at,
+                    }),
+                    Err(parked) => Err(Box::new(Undecodable {
+                        tag,
+                        body,
+                        routing_key: routing_key.clone(),
+                        consumed: properties,
+                        parked,
+                    })),
+                }
+            })
+            .collect();
+        Ok(Bundle {
+            tag,
+            routing_key,
+            messages,
+        })
+    }
+
+    /// Carries every message of a bundle at once; done when all are.
+    pub(super) async fn carry_bundle(&self, prepared: &PreparedBundle) -> Outcome {
+        let bundle = match prepared {
+            Ok(bundle) => bundle,
+            Err(unreadable) => {
+                return Box::pin(self.park(
+                    unreadable.tag,
+                    &unreadable.body,
+                    &unreadable.routing_key,
+                    &unreadable.consumed,
+                    &unreadable.parked,
+                ))
+                .await;
+            }
+        };
+        let outcomes = futures::future::join_all(
+            bundle
+                .messages
+                .iter()
+                .map(|message| self.carry_prepared(message)),
+        )
+        .await;
+        let mut released = Vec::new();
+        for (message, outcome) in bundle.messages.iter().zip(outcomes) {
+            match outcome {
+                Outcome::Done => {}
+                Outcome::Release => released.push(message),
+                Outcome::Failed(error) => return Outcome::Failed(error),
+            }
+        }
+        if released.is_empty() {
+            return Outcome::Done;
+        }
+        self.pass_on(bundle, &released).await
+    }
+
+    /// Sends the messages of `bundle` a stop released on through the work exchange, as a
+    /// bundle of their own: once that is confirmed, the bundle's delivery is done and none
+    /// of its settled messages comes again.
+    async fn pass_on(
+        &self,
+        bundle: &Bundle,
+        released: &[&Result<Decoded, Box<Undecodable>>],
+    ) -> Outcome {
+        let members: Option<Vec<Vec<u8>>> = released
+            .iter()
+            .map(|message| match message {
+                Ok(decoded) => {
+                    bundle::encode_member(&consumed_properties(&decoded.envelope), &decoded.body)
+                }
+                Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
+            })
+            .collect();
+        // They were read from a bundle, so they fit one; should one not, all go back.
+        let Some(members) = members else {
+            return Outcome::Release;
+        };
+        let body = bundle::bundle_body(members.iter().map(Vec::as_slice));
+        let attempt = Attempt {
+            tag: bundle.tag,
+            destination: Destination::Own("the work queue"),
+            exchange: ShortString::from(self.shared.work_exchange.as_str()),
+            routing_key: bundle.routing_key.clone(),
+            body: &body,
+            properties: bundle::bundle_properties(members.len()),
+        };
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                tracing::debug!(
+                    messages = members.len(),
+                    "stopping: passed the unsettled messages of a bundle on"
+                );
+                Outcome::Done
+            }
+            Settled::Park(_) | Settled::Release => Outcome::Release,
+            Settled::Failed(error) => Outcome::Failed(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_keep_the_order_and_stay_within_the_size() {
+        let runs = split_by_size(vec![4, 4, 3, 9, 12, 1, 1], |n| *n, 10);
+        assert_eq!(
+            runs,
+            vec![vec![4, 4], vec![3], vec![9], vec![12], vec![1, 1]]
+        );
+        assert_eq!(
+            split_by_size(Vec::<usize>::new(), |n| *n, 10),
+            Vec::<Vec<usize>>::new()
+        );
+        assert_eq!(split_by_size(vec![5, 5], |n| *n, 10), vec![vec![5, 5]]);
+    }
+}

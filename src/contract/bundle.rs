@@ -1,0 +1,251 @@
+//! Bundles: the hops of one window into one level, carried as one message.
+//!
+//! With `bridge.bundle_hops` the bridge publishes the messages that hop into the same level
+//! in the same `bridge.hop_window` as one persistent message, so the broker stores, expires,
+//! dead-letters, delivers and acks one message where it did each of them once per message.
+//! A bundle's header [`header::BUNDLE`](super::header::BUNDLE) says how many messages it
+//! carries; its body is [`FORMAT`], then for each message the length and bytes of its
+//! properties (as in an AMQP content header: flags, then the properties) and the length and
+//! bytes of its body, lengths as 32-bit big-endian integers. Each message's properties are
+//! its hop's (the publisher's plus the bridge state headers), so a message read from a
+//! bundle is decoded exactly as a message that hopped alone.
+//!
+//! Pure: no I/O.
+
+use amq_protocol::frame::WriteContext;
+use amq_protocol::protocol::basic::{gen_properties, parse_properties};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use super::{PERSISTENT, ParkReason, Parked, header};
+
+/// The first byte of a bundle's body: the format of what follows.
+pub const FORMAT: u8 = 1;
+
+/// One message of a bundle, as it would have hopped alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// Its hop's properties: the publisher's plus the bridge state headers.
+    pub properties: BasicProperties,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// The bytes one message takes in a bundle's body: its properties' length and bytes, then
+/// its body's. `None` when a length does not fit 32 bits or the properties cannot be
+/// encoded (such a message hops alone).
+pub fn encode_member(properties: &BasicProperties, body: &[u8]) -> Option<Vec<u8>> {
+    let encoded = gen_properties(properties)(WriteContext::from(Vec::new()))
+        .ok()?
+        .write;
+    let properties_len = u32::try_from(encoded.len()).ok()?;
+    let body_len = u32::try_from(body.len()).ok()?;
+    let mut member = Vec::with_capacity(8 + encoded.len() + body.len());
+    member.extend_from_slice(&properties_len.to_be_bytes());
+    member.extend_from_slice(&encoded);
+    member.extend_from_slice(&body_len.to_be_bytes());
+    member.extend_from_slice(body);
+    Some(member)
+}
+
+/// A bundle's body from its members' bytes (each from [`encode_member`]).
+pub fn bundle_body<'a>(members: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut body = vec![FORMAT];
+    for member in members {
+        body.extend_from_slice(member);
+    }
+    body
+}
+
+/// A bundle's properties: persistent, with the count of messages it carries.
+pub fn bundle_properties(count: usize) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(header::BUNDLE),
+        AMQPValue::LongLongInt(i64::try_from(count).unwrap_or(i64::MAX)),
+    );
+    BasicProperties::default()
+        .with_delivery_mode(PERSISTENT)
+        .with_headers(headers)
+}
+
+/// True when a delivery with these properties is a bundle (it carries
+/// [`header::BUNDLE`](super::header::BUNDLE)). Only a delivery that came back through the
+/// work exchange is read as one: on a publisher's message the header is just a header.
+pub fn is_bundle(properties: &BasicProperties) -> bool {
+    properties
+        .headers()
+        .as_ref()
+        .is_some_and(|h| h.inner().contains_key(header::BUNDLE))
+}
+
+/// The messages of a bundle whose properties are `properties` and whose body is `body`, or
+/// why it must be parked whole (`bad-state`: the count, the format or a length is wrong).
+pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Member>, Parked> {
+    let count = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(header::BUNDLE))
+        .and_then(super::value::as_integer)
+        .filter(|count| *count > 0)
+        .ok_or_else(|| malformed(format!("header `{}` is not a count", header::BUNDLE)))?;
+    let Some((&FORMAT, mut rest)) = body.split_first() else {
+        return Err(malformed(format!(
+            "its body does not start with format {FORMAT}"
+        )));
+    };
+    let mut members = Vec::new();
+    while !rest.is_empty() {
+        let n = members.len();
+        let (properties_bytes, after) = take_sized(rest)
+            .ok_or_else(|| malformed(format!("message {n}'s properties are cut short")))?;
+        let (body, after) = take_sized(after)
+            .ok_or_else(|| malformed(format!("message {n}'s body is cut short")))?;
+        let properties = match parse_properties(properties_bytes) {
+            Ok(([], properties)) => properties,
+            _ => return Err(malformed(format!("message {n}'s properties do not parse"))),
+        };
+        members.push(Member {
+            properties,
+            body: body.to_vec(),
+        });
+        rest = after;
+    }
+    if members.len() as i64 != count {
+        return Err(malformed(format!(
+            "it says {count} messages and carries {}",
+            members.len()
+        )));
+    }
+    Ok(members)
+}
+
+/// A 32-bit big-endian length and that many bytes from the front of `bytes`, and the rest.
+fn take_sized(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = bytes.split_first_chunk::<4>()?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+fn malformed(what: String) -> Parked {
+    Parked::new(
+        ParkReason::BadState,
+        format!("a bundle that cannot be read: {what}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::{AMQPValue, FieldArray, LongString};
+    use proptest::prelude::*;
+
+    fn properties(id: &str) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        headers.insert("s".into(), AMQPValue::LongString(LongString::from(id)));
+        headers.insert(
+            "binary".into(),
+            AMQPValue::LongString(LongString::from(vec![0xff, 0x00, 0xfe])),
+        );
+        headers.insert(
+            "a".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::ShortInt(-3)])),
+        );
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_priority(7)
+            .with_timestamp(1_700_000_000)
+            .with_headers(headers)
+    }
+
+    fn bundle(members: &[(BasicProperties, Vec<u8>)]) -> (BasicProperties, Vec<u8>) {
+        let encoded: Vec<Vec<u8>> = members
+            .iter()
+            .map(|(p, b)| encode_member(p, b).expect("encodes"))
+            .collect();
+        (
+            bundle_properties(members.len()),
+            bundle_body(encoded.iter().map(Vec::as_slice)),
+        )
+    }
+
+    #[test]
+    fn members_come_back_with_every_property_and_their_bodies() {
+        let members = vec![
+            (properties("one"), b"first".to_vec()),
+            (properties("two"), Vec::new()),
+            (BasicProperties::default(), vec![0u8; 3000]),
+        ];
+        let (bundle_props, body) = bundle(&members);
+        assert!(is_bundle(&bundle_props));
+        assert_eq!(*bundle_props.delivery_mode(), Some(PERSISTENT));
+        let read = decode_bundle(&bundle_props, &body).expect("reads");
+        let expected: Vec<Member> = members
+            .into_iter()
+            .map(|(properties, body)| Member { properties, body })
+            .collect();
+        assert_eq!(read, expected);
+    }
+
+    #[test]
+    fn a_message_without_the_header_is_no_bundle() {
+        assert!(!is_bundle(&BasicProperties::default()));
+        assert!(!is_bundle(&properties("x")));
+    }
+
+    #[test]
+    fn a_cut_body_a_wrong_count_or_format_is_bad_state() {
+        let (props, body) = bundle(&[
+            (properties("one"), b"first".to_vec()),
+            (properties("two"), b"second".to_vec()),
+        ]);
+        for cut in 1..body.len() {
+            let parked = decode_bundle(&props, &body[..cut]).expect_err("cut");
+            assert_eq!(parked.reason, ParkReason::BadState, "cut at {cut}");
+        }
+        let mut other_format = body.clone();
+        other_format[0] = 2;
+        assert!(decode_bundle(&props, &other_format).is_err());
+        assert!(decode_bundle(&props, &[]).is_err());
+        let wrong_count = bundle_properties(3);
+        let parked = decode_bundle(&wrong_count, &body).expect_err("count");
+        assert!(
+            parked.detail.contains("says 3 messages and carries 2"),
+            "{parked:?}"
+        );
+        let mut no_count = FieldTable::default();
+        no_count.insert(header::BUNDLE.into(), AMQPValue::LongString("two".into()));
+        let parked = decode_bundle(&BasicProperties::default().with_headers(no_count), &body)
+            .expect_err("count");
+        assert!(parked.detail.contains("is not a count"), "{parked:?}");
+    }
+
+    #[test]
+    fn a_length_past_the_end_is_refused_without_reading_it() {
+        let mut body = vec![FORMAT];
+        body.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_bundle(&bundle_properties(1), &body).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_bodies_and_ids_round_trip(
+            messages in proptest::collection::vec(
+                ("[a-z0-9-]{0,40}", proptest::collection::vec(any::<u8>(), 0..200)),
+                1..20,
+            )
+        ) {
+            let members: Vec<(BasicProperties, Vec<u8>)> = messages
+                .into_iter()
+                .map(|(id, body)| (properties(&id), body))
+                .collect();
+            let (props, body) = bundle(&members);
+            let read = decode_bundle(&props, &body).expect("reads");
+            prop_assert_eq!(read.len(), members.len());
+            for (member, (properties, body)) in read.iter().zip(&members) {
+                prop_assert_eq!(&member.properties, properties);
+                prop_assert_eq!(&member.body, body);
+            }
+        }
+    }
+}

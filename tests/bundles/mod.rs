@@ -1,0 +1,252 @@
+//! `bridge.bundle_hops`: the hops of one window into one level travel as one message, and
+//! each message still arrives once, on time, as it was published; a stop while a bundle's
+//! messages are held doubles none of them; a bundle nobody could have made is parked.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use delay_bridge::clock::now_ms;
+use delay_bridge::contract::bundle;
+use delay_bridge::contract::header;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A world whose bridge bundles the hops of each 200-ms window, over a ladder of 1 s and 2 s.
+async fn bundling_world(test: &str, start_bridge: bool) -> World {
+    World::start(Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(200)),
+        bundle_hops: Some(true),
+        start_bridge,
+        ..Setup::new(test)
+    })
+    .await
+}
+
+/// Properties with every kind of value a publisher may set, binary strings included.
+fn properties(i: usize, deliver_at: u64) -> BasicProperties {
+    let mut nested = FieldTable::default();
+    nested.insert("n".into(), AMQPValue::LongLongInt(i as i64));
+    BasicProperties::default()
+        .with_message_id(i.to_string().into())
+        .with_content_type("application/octet-stream".into())
+        .with_correlation_id(format!("corr-{i}").into())
+        .with_priority((i % 5) as u8)
+        .with_timestamp(1_700_000_000 + i as u64)
+        .with_headers(headers(vec![
+            ("x-deliver-at", AMQPValue::LongLongInt(deliver_at as i64)),
+            ("app-table", AMQPValue::FieldTable(nested)),
+            (
+                "app-array",
+                AMQPValue::FieldArray(FieldArray::from(vec![text("a"), AMQPValue::LongInt(1)])),
+            ),
+            (
+                "app-binary",
+                AMQPValue::LongString(LongString::from(vec![0xff, 0x00, i as u8])),
+            ),
+            ("app-double", AMQPValue::Double(i as f64 / 3.0)),
+        ]))
+}
+
+fn id(m: &Received) -> usize {
+    m.properties
+        .message_id()
+        .as_ref()
+        .expect("message id")
+        .as_str()
+        .parse()
+        .expect("numeric id")
+}
+
+/// 300 messages published within a few windows, due 2.3 to 3.8 s later: each arrives
+/// exactly once, never early, with its body, routing key, properties and headers; the levels
+/// held far fewer messages than hopped into them. Without bundling every hop is a message of
+/// its own (`bundles` stays 0).
+#[tokio::test]
+async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles() {
+    const N: usize = 300;
+    let mut w = bundling_world("bundles-once", true).await;
+    let stats = w.stats();
+    let start = now_ms();
+    let mut due = HashMap::new();
+    for i in 0..N {
+        let deliver_at = start + 2_300 + (i as u64 * 5);
+        due.insert(i, deliver_at);
+        w.publish(
+            &format!("rk.bundle.{i}"),
+            format!("body-{i}").as_bytes(),
+            properties(i, deliver_at),
+        )
+        .await;
+    }
+    let received = w.recv_n(N, 20 * SEC).await;
+    let mut seen = HashMap::new();
+    for m in &received {
+        let i = id(m);
+        *seen.entry(i).or_insert(0) += 1;
+        assert!(m.at_ms >= due[&i], "message {i} arrived early");
+        assert_eq!(m.body, format!("body-{i}").as_bytes());
+        assert_eq!(m.routing_key, format!("rk.bundle.{i}"));
+        let sent = properties(i, due[&i]);
+        for (name, value) in sent.headers().as_ref().unwrap().inner() {
+            assert_eq!(m.header(name.as_str()), Some(value), "header {name} of {i}");
+        }
+        assert_eq!(m.properties.correlation_id(), sent.correlation_id());
+        assert_eq!(m.properties.priority(), sent.priority());
+        assert_eq!(m.properties.timestamp(), sent.timestamp());
+        assert_eq!(m.properties.content_type(), sent.content_type());
+        assert!(
+            m.header(header::BUNDLE).is_none() && m.header(header::STATE_HOPS).is_none(),
+            "no bridge state on delivery"
+        );
+    }
+    assert_eq!(seen.len(), N, "every message arrived");
+    assert!(seen.values().all(|n| *n == 1), "none twice");
+    let counts = stats.snapshot();
+    assert!(
+        counts.hops >= N as u64,
+        "each hopped at least once: {counts:?}"
+    );
+    assert!(
+        counts.bundles >= 1 && counts.bundles * 5 <= counts.hops,
+        "hops travelled in bundles: {counts:?}"
+    );
+    w.assert_quiet(SEC).await;
+    w.cleanup().await;
+}
+
+/// A bridge stopped while the messages of returned bundles wait out their last moments, some
+/// of each already delivered: the rest travel on as a bundle of their own, and a new bridge
+/// delivers each of them. No message arrives twice or not at all. Giving the whole bundle
+/// back instead would deliver its delivered messages again.
+#[tokio::test]
+async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
+    const N: usize = 200;
+    let mut w = bundling_world("bundles-stop", true).await;
+    let stats = w.stats();
+    let start = now_ms();
+    for i in 0..N {
+        // 1.6 s to 2.6 s: one hop into the 1-s level, then held for the rest, 5 ms apart.
+        let deliver_at = start + 1_600 + (i as u64 * 5);
+        w.publish(
+            &format!("rk.stop.{i}"),
+            format!("body-{i}").as_bytes(),
+            properties(i, deliver_at),
+        )
+        .await;
+    }
+    let mut received = w.recv_n(N / 4, 15 * SEC).await;
+    assert!(stats.snapshot().bundles >= 1, "the hops were bundled");
+    w.stop_bridge().await;
+    w.start_bridge().await;
+    received.extend(w.recv_n(N - received.len(), 20 * SEC).await);
+    received.extend(w.drain_quiet(2 * SEC).await);
+    let mut seen: HashMap<usize, u32> = HashMap::new();
+    for m in &received {
+        *seen.entry(id(m)).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered twice: {twice:?}");
+    assert_eq!(seen.len(), N, "every message arrived");
+    w.cleanup().await;
+}
+
+/// Bridge state headers for a message due at `deliver_at`, bound for `target`.
+fn in_flight(i: usize, deliver_at: u64, target: &str) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(i.to_string().into())
+        .with_headers(headers(vec![
+            (
+                header::STATE_DELIVER_AT,
+                AMQPValue::LongLongInt(deliver_at as i64),
+            ),
+            (header::STATE_TARGET, text(target)),
+            (header::STATE_ROUTING_KEY, text(&format!("rk.forged.{i}"))),
+            (header::STATE_HOPS, AMQPValue::LongLongInt(1)),
+            (
+                header::STATE_FIRST_SEEN,
+                AMQPValue::LongLongInt(deliver_at as i64),
+            ),
+        ]))
+}
+
+/// Bundles that arrive through the work exchange without the bridge having made them: one
+/// whose body cannot be read is parked whole (`bad-state`); in one that can, a message bound
+/// for an exchange no route allows is parked `target-not-allowed` and the other is delivered.
+#[tokio::test]
+async fn a_bundle_the_bridge_did_not_make_is_parked_or_checked_message_by_message() {
+    let mut w = bundling_world("bundles-forged", true).await;
+    let work = w.config.names.work_exchange();
+    publish_to(
+        &w.publisher,
+        &work,
+        "forged",
+        b"\x01\x00\x00\x00\xffnot a bundle",
+        bundle::bundle_properties(1),
+    )
+    .await;
+    let parked = w.parked_within(10 * SEC).await;
+    assert_eq!(
+        parked.header(header::REASON),
+        Some(&text("bad-state")),
+        "{parked:?}"
+    );
+
+    let now = now_ms();
+    let allowed = bundle::encode_member(&in_flight(1, now, &w.target), b"allowed").unwrap();
+    let elsewhere = bundle::encode_member(&in_flight(2, now, "amq.topic"), b"elsewhere").unwrap();
+    publish_to(
+        &w.publisher,
+        &work,
+        "forged",
+        &bundle::bundle_body([allowed.as_slice(), elsewhere.as_slice()]),
+        bundle::bundle_properties(2),
+    )
+    .await;
+    let delivered = w.recv_within(10 * SEC).await;
+    assert_eq!(delivered.body, b"allowed");
+    assert_eq!(delivered.routing_key, "rk.forged.1");
+    let parked = w.parked_within(10 * SEC).await;
+    assert_eq!(parked.body, b"elsewhere");
+    assert_eq!(
+        parked.header(header::REASON),
+        Some(&text("target-not-allowed"))
+    );
+    w.assert_quiet(SEC).await;
+    w.cleanup().await;
+}
+
+/// A message cancelled after it hopped in a bundle is dropped; the others of its bundle are
+/// delivered.
+#[tokio::test]
+async fn a_cancel_drops_one_message_of_a_bundle() {
+    let mut w = bundling_world("bundles-cancel", true).await;
+    let stats = w.stats();
+    let deliver_at = now_ms() + 2_500;
+    for i in 0..3 {
+        w.publish(
+            &format!("rk.cancel.{i}"),
+            b"body",
+            properties(i, deliver_at),
+        )
+        .await;
+    }
+    wait_until("the three hopped in a bundle", 5 * SEC, || {
+        let counts = stats.snapshot();
+        counts.hops >= 3 && counts.bundles >= 1
+    })
+    .await;
+    w.client().await.cancel("1").await.expect("cancelled");
+    let received = w.recv_n(2, 10 * SEC).await;
+    let mut ids: Vec<usize> = received.iter().map(id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![0, 2]);
+    w.assert_quiet(SEC).await;
+    assert!(stats.snapshot().cancelled >= 1);
+    w.cleanup().await;
+}
