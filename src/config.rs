@@ -648,9 +648,9 @@ pub struct Config {
     /// A work-queue delivery redelivered this many times without being settled is parked
     /// `redelivery-limit` (counted by quorum queues, and by the bridge process itself).
     pub redelivery_limit: u32,
-    /// The most body bytes of unacknowledged deliveries the bridge holds: past it, it
-    /// stops consuming until half of that is settled (besides `prefetch`, which counts
-    /// messages).
+    /// The most body bytes of unacknowledged deliveries the bridge holds (a bundle also
+    /// counts 1 KiB for each message it carries): past it, it stops consuming until half of
+    /// that is settled (besides `prefetch`, which counts messages).
     pub max_unacked_bytes: u64,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).

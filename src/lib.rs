@@ -20,7 +20,7 @@
 //! - [`naming`]: the names of the bridge's exchanges and queues, from its prefix.
 //! - [`config`]: the TOML file, raw then validated.
 //! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
-//!   park reasons, a content header's frame size.
+//!   park reasons, a content header's frame size, bundles (several hops as one message).
 //! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
 //!
 //! AMQP edge:
@@ -35,7 +35,8 @@
 //!
 //! The service and its client:
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
-//!   each message's carrier hops, holds, delivers, parks or drops it; the cancel follower;
+//!   each message's carrier hops (alone or bundled with the hops of its window), holds,
+//!   delivers, parks or drops it; the cancel follower;
 //!   the watch for queues whose expired messages are not forwarded.
 //! - [`client`]: the typed client: schedule, cancel, reschedule.
 //! - `http` (feature `http`, in the `cli` build): the metrics and health listener.

@@ -33,10 +33,11 @@ mod bundles;
 pub(super) enum Event {
     /// The delivery waits on a hold timer.
     Held(u64),
-    /// The carrier is done with the delivery `tag`, whose body was `body_bytes` long.
+    /// The carrier is done with the delivery `tag`, which took `budget_bytes` from the byte
+    /// budget (see [`Carrier::budget_bytes`]).
     Ended {
         tag: u64,
-        body_bytes: u64,
+        budget_bytes: u64,
         outcome: Outcome,
     },
 }
@@ -181,7 +182,7 @@ impl Carrier {
     pub(super) fn start(&self, delivery: Delivery) {
         let carrier = self.clone();
         let tag = delivery.delivery_tag;
-        let body_bytes = delivery.data.len() as u64;
+        let budget_bytes = self.budget_bytes(&delivery);
         let redelivered = delivery.redelivered.then(|| {
             Fingerprint::of(
                 delivery.exchange.as_str(),
@@ -221,10 +222,23 @@ impl Carrier {
             }
             let _ = carrier.events.send(Event::Ended {
                 tag,
-                body_bytes,
+                budget_bytes,
                 outcome,
             });
         });
+    }
+
+    /// What `delivery` takes from the byte budget (`bridge.max_unacked_bytes`) until it is
+    /// settled: its body, and for a bundle also an allowance for each message it carries,
+    /// which the bridge holds decoded (a bundle of small messages costs far more memory
+    /// than its body).
+    pub(super) fn budget_bytes(&self, delivery: &Delivery) -> u64 {
+        let body = delivery.data.len() as u64;
+        if delivery.exchange.as_str() != self.shared.work_exchange {
+            return body;
+        }
+        let messages = bundle::count(&delivery.properties).unwrap_or(0);
+        body.saturating_add(messages.saturating_mul(bundles::HELD_MESSAGE_BYTES))
     }
 
     /// Carries one decoded delivery, or parks one that could not be decoded.

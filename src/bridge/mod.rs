@@ -204,7 +204,8 @@ counters! {
     /// Times the consumer was paused because unacked bodies went over
     /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
     pauses: counter "delay_bridge_consumer_pauses_total",
-    /// The most body bytes of unacked deliveries held at once so far.
+    /// The most bytes of unacked deliveries held at once so far: their bodies, and 1 KiB
+    /// for each message of a bundle.
     max_unacked_bytes_seen: gauge "delay_bridge_max_unacked_bytes",
     /// The bridge's queues holding expired messages their dead-letter worker has not
     /// forwarded for `management.stuck_after` now (read from the management API).

@@ -177,7 +177,7 @@ impl Session {
                             .stats
                             .in_flight
                             .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
-                        let retune = self.budget.taken(delivery.data.len() as u64);
+                        let retune = self.budget.taken(self.carrier.budget_bytes(&delivery));
                         self.shared
                             .stats
                             .max_unacked_bytes_seen
@@ -249,10 +249,10 @@ impl Session {
                 Event::Held(tag) => self.tracker.held(tag),
                 Event::Ended {
                     tag,
-                    body_bytes,
+                    budget_bytes,
                     outcome,
                 } => {
-                    self.budget.settled(body_bytes);
+                    self.budget.settled(budget_bytes);
                     match outcome {
                         Outcome::Done => ops.extend(self.tracker.done(tag)),
                         Outcome::Release => {

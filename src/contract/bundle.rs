@@ -79,15 +79,22 @@ pub fn is_bundle(properties: &BasicProperties) -> bool {
         .is_some_and(|h| h.inner().contains_key(header::BUNDLE))
 }
 
-/// The messages of a bundle whose properties are `properties` and whose body is `body`, or
-/// why it must be parked whole (`bad-state`: the count, the format or a length is wrong).
-pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Member>, Parked> {
-    let count = properties
+/// How many messages a bundle with these properties says it carries (`None`: it is no
+/// bundle, or the count is not a positive integer).
+pub fn count(properties: &BasicProperties) -> Option<u64> {
+    properties
         .headers()
         .as_ref()
         .and_then(|h| h.inner().get(header::BUNDLE))
         .and_then(super::value::as_integer)
+        .and_then(|count| u64::try_from(count).ok())
         .filter(|count| *count > 0)
+}
+
+/// The messages of a bundle whose properties are `properties` and whose body is `body`, or
+/// why it must be parked whole (`bad-state`: the count, the format or a length is wrong).
+pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Member>, Parked> {
+    let count = count(properties)
         .ok_or_else(|| malformed(format!("header `{}` is not a count", header::BUNDLE)))?;
     let Some((&FORMAT, mut rest)) = body.split_first() else {
         return Err(malformed(format!(
@@ -111,7 +118,7 @@ pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Me
         });
         rest = after;
     }
-    if members.len() as i64 != count {
+    if members.len() as u64 != count {
         return Err(malformed(format!(
             "it says {count} messages and carries {}",
             members.len()
@@ -178,6 +185,7 @@ mod tests {
         ];
         let (bundle_props, body) = bundle(&members);
         assert!(is_bundle(&bundle_props));
+        assert_eq!(count(&bundle_props), Some(3));
         assert_eq!(*bundle_props.delivery_mode(), Some(PERSISTENT));
         let read = decode_bundle(&bundle_props, &body).expect("reads");
         let expected: Vec<Member> = members

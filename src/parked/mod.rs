@@ -85,9 +85,10 @@ pub struct ParkedMessage {
     pub message_id: Option<String>,
     /// When it was parked, epoch ms (not recorded before this version).
     pub parked_at: Option<u64>,
-    /// True when it carries the bridge's state (due time and target), so that it can go
-    /// back through the work exchange; a message parked before a bridge read it (a bad
-    /// header, an unknown route) cannot: fix it and publish it again.
+    /// True when it carries the bridge's state (due time and target), or is a bundle of
+    /// hops (an older bridge that cannot read bundles parks one `bad-state`), so that it
+    /// can go back through the work exchange; a message parked before a bridge read it (a
+    /// bad header, an unknown route) cannot: fix it and publish it again.
     pub replayable: bool,
     /// Its body's size in bytes.
     pub body_bytes: usize,
@@ -104,7 +105,8 @@ impl ParkedMessage {
             reason: text(header::REASON),
             detail: text(header::DETAIL),
             routing_key: text(header::STATE_ROUTING_KEY).unwrap_or_else(|| routing_key.to_string()),
-            replayable: target.is_some() && has_due_time,
+            replayable: (target.is_some() && has_due_time)
+                || headers.inner().contains_key(header::BUNDLE),
             target,
             message_id: properties
                 .message_id()

@@ -15,17 +15,21 @@ use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
-/// A world whose bridge bundles the hops of each 200-ms window, over a ladder of 1 s and 2 s.
-async fn bundling_world(test: &str, start_bridge: bool) -> World {
-    World::start(Setup {
+/// The setup of a bridge that bundles the hops of each 200-ms window, over a ladder of 1 s
+/// and 2 s.
+fn bundling(test: &str) -> Setup<'_> {
+    Setup {
         ladder: "1s 2s",
         margin: Duration::from_millis(100),
         hop_window: Some(Duration::from_millis(200)),
         bundle_hops: Some(true),
-        start_bridge,
         ..Setup::new(test)
-    })
-    .await
+    }
+}
+
+/// A world whose bridge bundles its hops (see [`bundling`]).
+async fn bundling_world(test: &str) -> World {
+    World::start(bundling(test)).await
 }
 
 /// Properties with every kind of value a publisher may set, binary strings included.
@@ -70,7 +74,7 @@ fn id(m: &Received) -> usize {
 #[tokio::test]
 async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles() {
     const N: usize = 300;
-    let mut w = bundling_world("bundles-once", true).await;
+    let mut w = bundling_world("bundles-once").await;
     let stats = w.stats();
     let start = now_ms();
     let mut due = HashMap::new();
@@ -127,7 +131,7 @@ async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles(
 #[tokio::test]
 async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
     const N: usize = 200;
-    let mut w = bundling_world("bundles-stop", true).await;
+    let mut w = bundling_world("bundles-stop").await;
     let stats = w.stats();
     let start = now_ms();
     for i in 0..N {
@@ -180,7 +184,7 @@ fn in_flight(i: usize, deliver_at: u64, target: &str) -> BasicProperties {
 /// for an exchange no route allows is parked `target-not-allowed` and the other is delivered.
 #[tokio::test]
 async fn a_bundle_the_bridge_did_not_make_is_parked_or_checked_message_by_message() {
-    let mut w = bundling_world("bundles-forged", true).await;
+    let mut w = bundling_world("bundles-forged").await;
     let work = w.config.names.work_exchange();
     publish_to(
         &w.publisher,
@@ -225,7 +229,7 @@ async fn a_bundle_the_bridge_did_not_make_is_parked_or_checked_message_by_messag
 /// delivered.
 #[tokio::test]
 async fn a_cancel_drops_one_message_of_a_bundle() {
-    let mut w = bundling_world("bundles-cancel", true).await;
+    let mut w = bundling_world("bundles-cancel").await;
     let stats = w.stats();
     let deliver_at = now_ms() + 2_500;
     for i in 0..3 {
@@ -248,5 +252,94 @@ async fn a_cancel_drops_one_message_of_a_bundle() {
     assert_eq!(ids, vec![0, 2]);
     w.assert_quiet(SEC).await;
     assert!(stats.snapshot().cancelled >= 1);
+    w.cleanup().await;
+}
+
+/// A bundle of small messages costs the bridge far more memory than its body: the byte
+/// budget (`bridge.max_unacked_bytes`) counts 1 KiB for each message a bundle carries
+/// besides the body, so a burst of bundles cannot hold many times the budget decoded.
+#[tokio::test]
+async fn the_byte_budget_counts_each_message_a_bundle_carries() {
+    const N: usize = 400;
+    let mut w = bundling_world("bundles-budget").await;
+    let stats = w.stats();
+    let deliver_at = now_ms() + 2_500;
+    for i in 0..N {
+        w.publish(
+            &format!("rk.budget.{i}"),
+            b"small",
+            properties(i, deliver_at),
+        )
+        .await;
+    }
+    w.recv_n(N, 15 * SEC).await;
+    let counts = stats.snapshot();
+    assert!(
+        counts.bundles >= 1 && counts.bundles * 20 <= counts.hops,
+        "they travelled in a few bundles: {counts:?}"
+    );
+    // Their bodies and properties are about 300 bytes each; the allowance is 1 024.
+    assert!(
+        counts.max_unacked_bytes_seen >= (N as u64 / 2) * 1024,
+        "held bundles counted per message: {counts:?}"
+    );
+    w.cleanup().await;
+}
+
+/// A bundle an older bridge parked `bad-state` (it could not read bundles) is replayable:
+/// `parked replay` sends it back through the work exchange, and this bridge delivers its
+/// messages.
+#[tokio::test]
+async fn a_bundle_parked_by_an_older_bridge_is_replayed_and_its_messages_delivered() {
+    let mut w = World::start(Setup {
+        watch_parked: false,
+        ..bundling("bundles-replay")
+    })
+    .await;
+    let now = now_ms();
+    let members: Vec<Vec<u8>> = (1..=2)
+        .map(|i| bundle::encode_member(&in_flight(i, now, &w.target), b"old").unwrap())
+        .collect();
+    let mut parked = bundle::bundle_properties(2)
+        .headers()
+        .clone()
+        .expect("bundle headers");
+    parked.insert(header::REASON.into(), text("bad-state"));
+    parked.insert(
+        header::DETAIL.into(),
+        text("bridge header `delay-bridge-deliver-at` is missing or malformed"),
+    );
+    let parked_queue = w.config.names.parked_queue();
+    publish_to(
+        &w.publisher,
+        "",
+        &parked_queue,
+        &bundle::bundle_body(members.iter().map(Vec::as_slice)),
+        BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(parked),
+    )
+    .await;
+    let config = w.config_file(4000);
+    let (ok, out) = run_command(
+        &config,
+        &["parked", "replay", "--reason", "bad-state", "--json"],
+    )
+    .await;
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert!(ok, "{out}");
+    let replayed = report["selected"]
+        .as_array()
+        .map_or(0, |s| s.iter().filter(|o| o["done"] == true).count());
+    assert_eq!(replayed, 1, "{report:#}");
+    let mut keys: Vec<String> = w
+        .recv_n(2, 10 * SEC)
+        .await
+        .into_iter()
+        .map(|m| m.routing_key)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["rk.forged.1", "rk.forged.2"]);
+    assert_eq!(w.queue_depth(&parked_queue).await, 0);
     w.cleanup().await;
 }

@@ -34,6 +34,10 @@ use crate::contract::{Envelope, consumed_properties, hop_properties};
 const MAX_MEMBER_BYTES: usize = 64 * 1024;
 /// A bundle takes messages until it is this large; the rest of its group goes in the next.
 const MAX_BUNDLE_BYTES: usize = 1024 * 1024;
+/// What the bridge is taken to hold per message of a bundle it carries, besides the bundle's
+/// body, for the byte budget: a decoded message's task state measured 928 bytes (see
+/// docs/performance.md, "Bridge memory is per unacked delivery"), plus its envelope.
+pub(super) const HELD_MESSAGE_BYTES: u64 = 1024;
 
 /// How the bundle a message hopped in was settled.
 #[derive(Debug, Clone)]
