@@ -10,6 +10,9 @@
 #   bash scripts/bench.sh steady capacity      # some scenarios
 #   BENCH_RUNS=1 bash scripts/bench.sh burst   # another number of runs
 #   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672) or 4 (5673)
+#   BENCH_BUNDLE_WINDOW=200ms bash scripts/bench.sh steady   # the bridge bundles its hops
+#                                      # (bridge.hop_window = 200ms, bridge.bundle_hops = true);
+#                                      # reports go to target/bench/<version>/bundles-200ms/
 # The benchmarks are their own binary, built with `--features bench` (the daemon's default
 # build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
 #   target/release/delay-bridge-bench steady --rate 1000 --seconds 30
@@ -24,6 +27,15 @@ scenarios=("$@")
 
 cargo build --release --quiet --features bench
 bench=./target/release/delay-bridge-bench
+label=
+if [ -n "${BENCH_BUNDLE_WINDOW:-}" ]; then
+  # The default configuration with bundled hops: nothing else differs.
+  label=bundles-$BENCH_BUNDLE_WINDOW
+  mkdir -p target/bench
+  sed -e "s/^hop_window = .*/hop_window = \"$BENCH_BUNDLE_WINDOW\"/" \
+      -e 's/^bundle_hops = .*/bundle_hops = true/' config/delay-bridge.toml >"target/bench/$label.toml"
+  bench="$bench --config target/bench/$label.toml"
+fi
 
 for broker in $brokers; do
   case $broker in
@@ -33,7 +45,7 @@ for broker in $brokers; do
        version=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo 4.x) ;;
     *) echo "bench.sh: BENCH_BROKERS takes 3 and/or 4, not $broker" >&2; exit 2 ;;
   esac
-  out=target/bench/$version
+  out=target/bench/$version${label:+/$label}
   mkdir -p "$out"
   for scenario in "${scenarios[@]}"; do
     reports=()
