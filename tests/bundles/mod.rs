@@ -57,6 +57,19 @@ fn properties(i: usize, deliver_at: u64) -> BasicProperties {
         ]))
 }
 
+/// Publishes messages `0..n`, message `i` with routing key `rk.<name>.<i>`, body `body-<i>`
+/// and [`properties`], due at `due(i)` (epoch ms).
+async fn publish_numbered(w: &World, name: &str, n: usize, due: impl Fn(usize) -> u64) {
+    for i in 0..n {
+        w.publish(
+            &format!("rk.{name}.{i}"),
+            format!("body-{i}").as_bytes(),
+            properties(i, due(i)),
+        )
+        .await;
+    }
+}
+
 fn id(m: &Received) -> usize {
     m.properties
         .message_id()
@@ -77,17 +90,8 @@ async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles(
     let mut w = bundling_world("bundles-once").await;
     let stats = w.stats();
     let start = now_ms();
-    let mut due = HashMap::new();
-    for i in 0..N {
-        let deliver_at = start + 2_300 + (i as u64 * 5);
-        due.insert(i, deliver_at);
-        w.publish(
-            &format!("rk.bundle.{i}"),
-            format!("body-{i}").as_bytes(),
-            properties(i, deliver_at),
-        )
-        .await;
-    }
+    let due: HashMap<usize, u64> = (0..N).map(|i| (i, start + 2_300 + i as u64 * 5)).collect();
+    publish_numbered(&w, "bundle", N, |i| due[&i]).await;
     let received = w.recv_n(N, 20 * SEC).await;
     let mut seen = HashMap::new();
     for m in &received {
@@ -134,16 +138,8 @@ async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
     let mut w = bundling_world("bundles-stop").await;
     let stats = w.stats();
     let start = now_ms();
-    for i in 0..N {
-        // 1.6 s to 2.6 s: one hop into the 1-s level, then held for the rest, 5 ms apart.
-        let deliver_at = start + 1_600 + (i as u64 * 5);
-        w.publish(
-            &format!("rk.stop.{i}"),
-            format!("body-{i}").as_bytes(),
-            properties(i, deliver_at),
-        )
-        .await;
-    }
+    // 1.6 s to 2.6 s: one hop into the 1-s level, then held for the rest, 5 ms apart.
+    publish_numbered(&w, "stop", N, |i| start + 1_600 + i as u64 * 5).await;
     let mut received = w.recv_n(N / 4, 15 * SEC).await;
     assert!(stats.snapshot().bundles >= 1, "the hops were bundled");
     w.stop_bridge().await;
@@ -232,14 +228,7 @@ async fn a_cancel_drops_one_message_of_a_bundle() {
     let mut w = bundling_world("bundles-cancel").await;
     let stats = w.stats();
     let deliver_at = now_ms() + 2_500;
-    for i in 0..3 {
-        w.publish(
-            &format!("rk.cancel.{i}"),
-            b"body",
-            properties(i, deliver_at),
-        )
-        .await;
-    }
+    publish_numbered(&w, "cancel", 3, |_| deliver_at).await;
     wait_until("the three hopped in a bundle", 5 * SEC, || {
         let counts = stats.snapshot();
         counts.hops >= 3 && counts.bundles >= 1
@@ -264,14 +253,7 @@ async fn the_byte_budget_counts_each_message_a_bundle_carries() {
     let mut w = bundling_world("bundles-budget").await;
     let stats = w.stats();
     let deliver_at = now_ms() + 2_500;
-    for i in 0..N {
-        w.publish(
-            &format!("rk.budget.{i}"),
-            b"small",
-            properties(i, deliver_at),
-        )
-        .await;
-    }
+    publish_numbered(&w, "budget", N, |_| deliver_at).await;
     w.recv_n(N, 15 * SEC).await;
     let counts = stats.snapshot();
     assert!(
