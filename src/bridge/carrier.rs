@@ -178,11 +178,11 @@ impl Carrier {
     /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
     /// reports [`Event`]s for `delivery_tag`. A bundle that came back from a level is
     /// carried as its messages, each as a delivery of its own would be, and ends when the
-    /// last of them does.
-    pub(super) fn start(&self, delivery: Delivery) {
+    /// last of them does. `budget_bytes` is what it took from the byte budget
+    /// ([`Carrier::budget_bytes`]), reported back when it ends.
+    pub(super) fn start(&self, delivery: Delivery, budget_bytes: u64) {
         let carrier = self.clone();
         let tag = delivery.delivery_tag;
-        let budget_bytes = self.budget_bytes(&delivery);
         let redelivered = delivery.redelivered.then(|| {
             Fingerprint::of(
                 delivery.exchange.as_str(),

@@ -177,12 +177,13 @@ impl Session {
                             .stats
                             .in_flight
                             .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
-                        let retune = self.budget.taken(self.carrier.budget_bytes(&delivery));
+                        let budget_bytes = self.carrier.budget_bytes(&delivery);
+                        let retune = self.budget.taken(budget_bytes);
                         self.shared
                             .stats
                             .max_unacked_bytes_seen
                             .fetch_max(self.budget.unacked(), Ordering::Relaxed);
-                        self.carrier.start(delivery);
+                        self.carrier.start(delivery, budget_bytes);
                         if let Some(retune) = retune {
                             self.replace_consumer(retune);
                         }
