@@ -162,6 +162,9 @@ async fn bench_capacity_smoke() {
         "2s",
         "--p99-limit-ms",
         "5000",
+        // This machine's figure before, as a sitting passes it: the target is twice it.
+        "--before",
+        "50",
     ];
     args.extend(SMALL_BASELINE);
     let json = bench(&args).await;
@@ -191,6 +194,12 @@ async fn bench_capacity_smoke() {
         assert_eq!(json["capacity_msg_per_s"].as_f64(), Some(best), "{json}");
         assert_cost(&json["cost_at_capacity"]);
         assert_targets(&json, 2);
+        // Every passing rate is at least 100 msg/s, twice the figure given as before.
+        assert_eq!(
+            target(&json, "capacity >= 2x before (50 msg/s)")["verdict"],
+            "PASS",
+            "{json}"
+        );
     }
 }
 
