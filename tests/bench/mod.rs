@@ -258,10 +258,14 @@ fn assert_client_relay(json: &Value) {
     for client in ["lapin", "amqprs", "bare"] {
         let relay = &json[client];
         assert!(relay["msg_per_s"].as_f64().unwrap() > 0.0, "{json}");
-        assert!(
-            relay["relay_cpu_us_per_msg"].as_f64().unwrap() > 0.0,
-            "{json}"
-        );
+        // /proc counts CPU time in 10-ms ticks: 500 messages through the bare relay (a few
+        // microseconds each on a fast machine) may take less than one, so only lapin's
+        // figure (tens of milliseconds a pass) must be above zero.
+        let cpu = relay["relay_cpu_us_per_msg"].as_f64().unwrap();
+        assert!(cpu >= 0.0, "{json}");
+        if client == "lapin" {
+            assert!(cpu > 0.0, "{json}");
+        }
         assert!(
             relay["broker_cpu_us_per_msg"].as_f64().is_some(),
             "the broker process was not found: {json}"
