@@ -10,14 +10,14 @@
 #   bash scripts/bench.sh steady capacity      # some scenarios
 #   BENCH_RUNS=1 bash scripts/bench.sh burst   # another number of runs
 #   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672) or 4 (5673)
-#   BENCH_BUNDLE_WINDOW=200ms bash scripts/bench.sh steady   # the bridge bundles its hops
-#                                      # (bridge.hop_window = 200ms, bridge.bundle_hops = true);
-#                                      # reports go to target/bench/<version>/bundles-200ms/
-#   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3900 BENCH_BROKERS=3 bash scripts/bench.sh capacity
-#                                      # capacity's target is twice this figure, measured on
-#                                      # this machine before the first change for it (the
-#                                      # README's Performance section: the commit and how);
-#                                      # without it, the first reference machine's figure
+#   BENCH_BUNDLE_WINDOW=100ms bash scripts/bench.sh steady   # the bridge bundles its hops
+#                                      # (bridge.hop_window = 100ms, bridge.bundle_hops = true);
+#                                      # reports go to target/bench/<version>/bundles-100ms/
+#   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
+#                                      # capacity's target is twice this figure: the capacity
+#                                      # measured on this machine before the first change for
+#                                      # it (README, Performance: the commit and how). Without
+#                                      # it, the first reference machine's figure is the base.
 # The benchmarks are their own binary, built with `--features bench` (the daemon's default
 # build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
 #   target/release/delay-bridge-bench steady --rate 1000 --seconds 30
