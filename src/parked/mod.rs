@@ -22,7 +22,7 @@ pub use filter::{Filter, replay_properties};
 pub use ops::{Action, Outcome, Report, act};
 pub use unreadable::{act_at, peek, set_aside_unreadable};
 
-use crate::contract::header;
+use crate::contract::{bundle, header};
 
 /// The most messages one read takes (a channel's prefetch is a 16-bit count).
 pub const MOST_AT_ONCE: u16 = u16::MAX;
@@ -105,8 +105,7 @@ impl ParkedMessage {
             reason: text(header::REASON),
             detail: text(header::DETAIL),
             routing_key: text(header::STATE_ROUTING_KEY).unwrap_or_else(|| routing_key.to_string()),
-            replayable: (target.is_some() && has_due_time)
-                || headers.inner().contains_key(header::BUNDLE),
+            replayable: (target.is_some() && has_due_time) || bundle::is_bundle(properties),
             target,
             message_id: properties
                 .message_id()
