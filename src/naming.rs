@@ -38,14 +38,6 @@ impl Names {
         format!("{}.level.{}", self.prefix, format_duration(level))
     }
 
-    /// The queue of held bundles (`<prefix>.hold`): messages in their last second, which a
-    /// bridge with `bridge.bundle_hops` on moves out of the work queue together (through
-    /// the default exchange; nothing is bound to it), so that the work queue's deliveries
-    /// are all settled soon and acked in order.
-    pub fn hold_queue(&self) -> String {
-        format!("{}.hold", self.prefix)
-    }
-
     /// The fanout exchange parked messages are published to (`<prefix>.parked`).
     pub fn parked_exchange(&self) -> String {
         format!("{}.parked", self.prefix)
@@ -68,7 +60,6 @@ impl Names {
             .map(|l| self.level_queue(*l).len())
             .chain([
                 self.work_queue().len(),
-                self.hold_queue().len(),
                 self.parked_queue().len(),
                 self.cancel_stream().len(),
             ])
@@ -88,7 +79,6 @@ mod tests {
         assert_eq!(names.work_queue(), "t1.work");
         assert_eq!(names.parked_exchange(), "t1.parked");
         assert_eq!(names.parked_queue(), "t1.parked");
-        assert_eq!(names.hold_queue(), "t1.hold");
         assert_eq!(names.level_queue(Duration::from_secs(90)), "t1.level.1m30s");
         assert_eq!(
             names.level_queue(Duration::from_millis(500)),

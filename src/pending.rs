@@ -35,8 +35,7 @@ pub struct Pending {
     /// Each level and the messages its queue holds (ready ones: what a passive declare
     /// counts), ascending by level.
     pub levels: Vec<(Duration, u64)>,
-    /// Messages this bridge holds in process for their last moments, and bundles of such
-    /// messages ready in the hold queue (each counts once, as a bundle in a level does).
+    /// Messages this bridge holds in process for their last moments.
     pub held: u64,
     /// Messages ready in the work queue: new ones and ones back from a level, not read yet.
     pub work_queue: u64,

@@ -117,10 +117,6 @@ pub struct Status {
     /// The work queue: new messages and those back from a level, and the bridges
     /// consuming it.
     pub work: QueueStatus,
-    /// The hold queue: bundles of messages in their last moments (`bridge.bundle_hops`).
-    /// `None` for a topology no bridge of this version has declared yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hold: Option<QueueStatus>,
     /// Every level, ascending.
     pub levels: Vec<LevelStatus>,
     /// Messages in all levels together.
@@ -208,12 +204,6 @@ pub async fn read(
     }
     let parked_queue = count(names.parked_queue()).await?;
     let cancel_stream = count(names.cancel_stream()).await?;
-    // Last: a queue that is missing closes the channel.
-    let hold = match count(names.hold_queue()).await {
-        Ok(hold) => Some(hold),
-        Err(StatusError::Missing { .. }) => None,
-        Err(other) => return Err(other),
-    };
     let _ = channel.close(200, "counted".into()).await;
     let cancel_entries = read_stream(config).await?;
     let not_read = unsafe_to_read(config, connection).await;
@@ -231,7 +221,6 @@ pub async fn read(
         },
         pending_in_levels: levels.iter().map(|l| l.queue.messages).sum(),
         work,
-        hold,
         levels,
         parked: ParkedStatus {
             queue: parked_queue,

@@ -177,7 +177,7 @@ impl Topology {
         let mut queues = vec![
             QueueSpec {
                 name: names.work_queue(),
-                arguments: work_args.clone(),
+                arguments: work_args,
             },
             QueueSpec {
                 name: names.parked_queue(),
@@ -207,13 +207,6 @@ impl Topology {
                 arguments: args,
             });
         }
-        // Held bundles are work-queue deliveries moved aside: the same arguments (on a
-        // quorum cluster, the same delivery limit and parking). Declared after the levels,
-        // so a topology of an earlier version only gains it.
-        queues.push(QueueSpec {
-            name: names.hold_queue(),
-            arguments: work_args,
-        });
         let mut bindings = vec![
             (names.work_queue(), names.work_exchange()),
             (names.parked_queue(), names.parked_exchange()),
@@ -443,12 +436,7 @@ mod tests {
         let names: Vec<&str> = t.queues.iter().map(|q| q.name.as_str()).collect();
         assert_eq!(
             names,
-            vec!["p.work", "p.parked", "p.level.1s", "p.level.1m", "p.hold"]
-        );
-        assert_eq!(t.queues[4].arguments, t.queues[0].arguments, "hold as work");
-        assert!(
-            !t.bindings.iter().any(|(queue, _)| queue == "p.hold"),
-            "nothing routes to the hold queue but the default exchange"
+            vec!["p.work", "p.parked", "p.level.1s", "p.level.1m"]
         );
         let level = &t.queues[3];
         assert_eq!(
@@ -491,7 +479,6 @@ mod tests {
         }
         let work = &t.queues[0];
         assert_eq!(arg(work, "x-dead-letter-exchange"), Some(&text("p.parked")));
-        assert_eq!(t.queues[4].arguments, work.arguments, "hold as work");
         assert!(arg(work, "x-delivery-limit").is_some());
         // The parked queue dead-letters nowhere: 4.x's default limit would drop messages.
         let parked = &t.queues[1];

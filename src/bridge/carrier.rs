@@ -13,7 +13,6 @@ use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::lanes::{Lane, LaneTag};
 use super::refusals::TargetRefusals;
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::{PublishError, Publisher};
@@ -33,11 +32,11 @@ mod bundles;
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
     /// The delivery waits on a hold timer.
-    Held(LaneTag),
+    Held(u64),
     /// The carrier is done with the delivery `tag`, which took `budget_bytes` from the byte
     /// budget (see [`Carrier::budget_bytes`]).
     Ended {
-        tag: LaneTag,
+        tag: u64,
         budget_bytes: u64,
         outcome: Outcome,
     },
@@ -70,7 +69,7 @@ pub(super) struct Carrier {
 
 /// A decoded delivery on its way to its target.
 struct Decoded {
-    tag: LaneTag,
+    tag: u64,
     body: Vec<u8>,
     envelope: Envelope,
     /// When the bridge read it, epoch ms (for the delivered log line).
@@ -80,7 +79,7 @@ struct Decoded {
 /// A delivery that could not be decoded: parked as it was consumed.
 struct Undecodable {
     /// The delivery it came in (a bundle's, for a message of a bundle).
-    tag: LaneTag,
+    tag: u64,
     body: Vec<u8>,
     routing_key: ShortString,
     consumed: lapin::BasicProperties,
@@ -110,7 +109,7 @@ enum Destination<'a> {
 /// One message to publish until the broker settles it.
 struct Attempt<'a> {
     /// The delivery it replaces (held while it backs off).
-    tag: LaneTag,
+    tag: u64,
     destination: Destination<'a>,
     exchange: ShortString,
     routing_key: ShortString,
@@ -177,17 +176,13 @@ impl Carrier {
     }
 
     /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
-    /// reports [`Event`]s for its tag on `lane`. A bundle that came back from a level (or
-    /// from the hold queue) is carried as its messages, each as a delivery of its own would
-    /// be, and ends when the last of them does. `budget_bytes` is what it took from the byte
-    /// budget ([`Carrier::budget_bytes`]), reported back when it ends. A hold-lane delivery
-    /// comes with the work exchange as its exchange (see `session`).
-    pub(super) fn start(&self, delivery: Delivery, budget_bytes: u64, lane: Lane) {
+    /// reports [`Event`]s for `delivery_tag`. A bundle that came back from a level is
+    /// carried as its messages, each as a delivery of its own would be, and ends when the
+    /// last of them does. `budget_bytes` is what it took from the byte budget
+    /// ([`Carrier::budget_bytes`]), reported back when it ends.
+    pub(super) fn start(&self, delivery: Delivery, budget_bytes: u64) {
         let carrier = self.clone();
-        let tag = LaneTag {
-            lane,
-            tag: delivery.delivery_tag,
-        };
+        let tag = delivery.delivery_tag;
         let redelivered = delivery.redelivered.then(|| {
             Fingerprint::of(
                 delivery.exchange.as_str(),
@@ -208,9 +203,9 @@ impl Carrier {
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
         let prepared = if is_bundle {
-            Prepared::Bundle(carrier.prepare_bundle(tag, delivery, redeliveries))
+            Prepared::Bundle(carrier.prepare_bundle(delivery, redeliveries))
         } else {
-            Prepared::One(carrier.prepare(tag, delivery, redeliveries))
+            Prepared::One(carrier.prepare(delivery, redeliveries))
         };
         tokio::spawn(async move {
             let outcome = match &prepared {
@@ -275,12 +270,12 @@ impl Carrier {
     /// broker did not flag it redelivered).
     fn prepare(
         &self,
-        tag: LaneTag,
         delivery: Delivery,
         redeliveries: Option<u32>,
     ) -> Result<Decoded, Box<Undecodable>> {
         let read_at = now_ms();
         let Delivery {
+            delivery_tag,
             exchange,
             routing_key,
             properties,
@@ -289,13 +284,13 @@ impl Carrier {
         } = delivery;
         match self.read(&exchange, &routing_key, &properties, redeliveries) {
             Ok(envelope) => Ok(Decoded {
-                tag,
+                tag: delivery_tag,
                 body: data,
                 envelope,
                 read_at,
             }),
             Err(parked) => Err(Box::new(Undecodable {
-                tag,
+                tag: delivery_tag,
                 body: data,
                 routing_key,
                 consumed: properties,
@@ -340,26 +335,10 @@ impl Carrier {
                             }
                         }
                         Step::Hold(_) | Step::Deliver => {
-                            match Box::pin(self.hold_aside(*tag, body, envelope, leaves_at)).await {
-                                Some(outcome) => return outcome,
-                                None if !self.hold(*tag, envelope.deliver_at).await => {
-                                    return Outcome::Release;
-                                }
-                                None => {}
+                            if !self.hold(*tag, envelope.deliver_at).await {
+                                return Outcome::Release;
                             }
                         }
-                    }
-                }
-                // A message in its last second, with bundles on, waits in the hold queue
-                // when it can (see `hold_aside`).
-                Step::Hold(_) if bundled => {
-                    let leaves_at = hop_window_end(now_ms(), config.hop_window);
-                    match Box::pin(self.hold_aside(*tag, body, envelope, leaves_at)).await {
-                        Some(outcome) => return outcome,
-                        None if !self.hold(*tag, envelope.deliver_at).await => {
-                            return Outcome::Release;
-                        }
-                        None => {}
                     }
                 }
                 // A hop waits for its window to end, then plans again: the hops of one
@@ -389,7 +368,7 @@ impl Carrier {
 
     /// Waits until `deliver_at` (epoch ms) with the delivery `tag` counted as held; false
     /// when the session stopped first.
-    async fn hold(&self, tag: LaneTag, deliver_at: u64) -> bool {
+    async fn hold(&self, tag: u64, deliver_at: u64) -> bool {
         let _ = self.events.send(Event::Held(tag));
         // Sleep to the due instant itself (µs precision), not to a whole-ms remainder, so
         // the timer adds at most its own 1 ms tick.
@@ -483,13 +462,7 @@ impl Carrier {
         dropped
     }
 
-    async fn hop(
-        &self,
-        tag: LaneTag,
-        body: &[u8],
-        envelope: &Envelope,
-        level: Duration,
-    ) -> Outcome {
+    async fn hop(&self, tag: u64, body: &[u8], envelope: &Envelope, level: Duration) -> Outcome {
         let queue = self.shared.config.names.level_queue(level);
         let attempt = Attempt {
             tag,
@@ -514,7 +487,7 @@ impl Carrier {
     /// Parks a message: `consumed` are the properties it was read with.
     async fn park(
         &self,
-        tag: LaneTag,
+        tag: u64,
         body: &[u8],
         routing_key: &ShortString,
         consumed: &lapin::BasicProperties,
@@ -577,13 +550,7 @@ impl Carrier {
         }
     }
 
-    async fn deliver(
-        &self,
-        tag: LaneTag,
-        body: &[u8],
-        envelope: &Envelope,
-        read_at: u64,
-    ) -> Outcome {
+    async fn deliver(&self, tag: u64, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
         let attempt = Attempt {
             tag,
             destination: Destination::Target(&envelope.target),
@@ -832,7 +799,7 @@ impl Carrier {
     /// delivery future stays small without it).
     async fn park_read(
         &self,
-        tag: LaneTag,
+        tag: u64,
         body: &[u8],
         envelope: &Envelope,
         parked: Parked,

@@ -1,6 +1,5 @@
 //! Reads the depths of the bridge's queues every `metrics.interval` for the pending gauges:
-//! one passive declare per level queue, the work queue, the hold queue and the parked queue,
-//! on a channel
+//! one passive declare per level queue, the work queue and the parked queue, on a channel
 //! of the session's connection. Runs only when metrics are on; ends with the session.
 
 use std::sync::Arc;
@@ -53,8 +52,7 @@ pub(super) async fn run(shared: Arc<Shared>, connection: Arc<Connection>, stop: 
     }
 }
 
-/// One reading: every level, the work queue, the parked queue, and what is held now (in
-/// this process, and in bundles ready in the hold queue).
+/// One reading: every level, the work queue, the parked queue, and what is held now.
 async fn read(shared: &Shared, channel: &Channel) -> Result<(Pending, u64), lapin::Error> {
     let names = &shared.config.names;
     let mut levels = Vec::with_capacity(shared.config.ladder.levels().len());
@@ -63,11 +61,10 @@ async fn read(shared: &Shared, channel: &Channel) -> Result<(Pending, u64), lapi
         levels.push((*level, counts.messages));
     }
     let work_queue = queue_counts(channel, &names.work_queue()).await?.messages;
-    let hold_queue = queue_counts(channel, &names.hold_queue()).await?.messages;
     let parked = queue_counts(channel, &names.parked_queue()).await?.messages;
     let pending = Pending {
         levels,
-        held: shared.stats.held.load(Ordering::Relaxed) + hold_queue,
+        held: shared.stats.held.load(Ordering::Relaxed),
         work_queue,
     };
     Ok((pending, parked))

@@ -7,7 +7,6 @@ mod cancels;
 mod carrier;
 mod depths;
 pub mod instruments;
-mod lanes;
 mod level_watch;
 mod reconnect;
 mod redeliveries;
@@ -180,13 +179,6 @@ counters! {
     /// Bundles published into level queues (confirmed): each carries the hops of one
     /// `bridge.hop_window` into one level (`bridge.bundle_hops`).
     bundles: counter "delay_bridge_bundles_total",
-    /// Bundles of held messages published into the hold queue (confirmed): the messages
-    /// of one `bridge.hop_window` due within the smallest level (`bridge.bundle_hops`).
-    hold_bundles: counter "delay_bridge_hold_bundles_total",
-    /// Deliveries acked one by one because one before them was not yet settled: each
-    /// costs the broker a walk of the channel's unacked deliveries (in-order acks go many
-    /// at a time).
-    single_acks: counter "delay_bridge_single_acks_total",
     /// Messages published to their target (confirmed).
     delivered: counter "delay_bridge_delivered_total",
     /// Messages parked (confirmed); exported by reason as `delay_bridge_parked_total`.

@@ -1,7 +1,6 @@
-//! One session on one connection: consume the work queue and the hold queue (each on a
-//! channel of its own, a [`Lane`]), hand each delivery to a [`Carrier`], fold what carriers
-//! report into batched acks on each lane's channel, and drain on shutdown. This is the only
-//! place that acks.
+//! One session on one connection: consume the work queue, hand each delivery to a
+//! [`Carrier`], fold what carriers report into batched acks, and drain on shutdown. This is
+//! the only place that acks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,18 +16,12 @@ use tokio_util::sync::CancellationToken;
 use super::acks::{AckOp, AckTracker};
 use super::budget::{ByteBudget, Retune};
 use super::carrier::{Carrier, Event, Outcome};
-use super::lanes::{Lane, LaneTag};
 use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths};
 use crate::amqp::publisher::Publisher;
 
 /// Most carrier events folded into one batch of acks (bounds the time the loop spends away
 /// from the consumer).
 const MAX_EVENT_BATCH: usize = 4096;
-
-/// The hold queue's prefetch: one delivery per window of held messages (a bundle), each
-/// kept for about the smallest level plus the margin. 256 leaves room for windows of a few
-/// milliseconds; the bytes they take count in `bridge.max_unacked_bytes` like any other.
-const HOLD_PREFETCH: u16 = 256;
 
 /// Runs one session on `connection` until shutdown drains it (`Ok`) or something breaks
 /// (`Err`: the caller reconnects).
@@ -56,7 +49,6 @@ pub(super) async fn run(
     let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
     let consumer_tag = consumer_tag(0);
     let consumer = consume_work_queue(&consume, &shared, &consumer_tag).await?;
-    let hold = HoldLane::open(&connection, &shared, &consumer_tag).await?;
     tokio::spawn(depths::run(
         shared.clone(),
         connection.clone(),
@@ -85,7 +77,6 @@ pub(super) async fn run(
         carrier,
         events,
         tracker: AckTracker::new(),
-        hold,
         stop,
         follower: Some(follower),
         consuming: true,
@@ -101,11 +92,6 @@ pub(super) async fn run(
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
             let _ = session
                 .consume
-                .close(200, "delay-bridge stopping".into())
-                .await;
-            let _ = session
-                .hold
-                .channel
                 .close(200, "delay-bridge stopping".into())
                 .await;
             session.carrier.close().await;
@@ -137,50 +123,6 @@ async fn consume_work_queue(
         .map_err(BridgeError::broker("consuming the work queue"))
 }
 
-/// The hold queue's consumer, on a channel of its own so that its deliveries, held for up
-/// to a second each, never stand between the work queue's acks.
-struct HoldLane {
-    channel: Channel,
-    consumer: Consumer,
-    /// The consumer's tag (the work queue's consumer may have been replaced since).
-    consumer_tag: String,
-    /// Its deliveries not yet acked, and which acks to send.
-    tracker: AckTracker,
-}
-
-impl HoldLane {
-    /// Opens the channel and consumes the hold queue with [`HOLD_PREFETCH`].
-    async fn open(
-        connection: &Connection,
-        shared: &Shared,
-        consumer_tag: &str,
-    ) -> Result<Self, BridgeError> {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(BridgeError::broker("opening the hold channel"))?;
-        channel
-            .basic_qos(HOLD_PREFETCH, BasicQosOptions::default())
-            .await
-            .map_err(BridgeError::broker("setting the hold queue's prefetch"))?;
-        let consumer = channel
-            .basic_consume(
-                shared.config.names.hold_queue().as_str().into(),
-                consumer_tag.into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(BridgeError::broker("consuming the hold queue"))?;
-        Ok(Self {
-            channel,
-            consumer,
-            consumer_tag: consumer_tag.to_string(),
-            tracker: AckTracker::new(),
-        })
-    }
-}
-
 /// The state of one session.
 struct Session {
     shared: Arc<Shared>,
@@ -201,10 +143,8 @@ struct Session {
     carrier: Carrier,
     /// What carriers report.
     events: mpsc::UnboundedReceiver<Event>,
-    /// The work queue's deliveries not yet acked, and which acks to send.
+    /// The deliveries not yet acked, and which acks to send.
     tracker: AckTracker,
-    /// The hold queue's consumer and its deliveries.
-    hold: HoldLane,
     /// Fires when the session stops.
     stop: CancellationToken,
     /// The cancel-stream follower, until it ends.
@@ -223,14 +163,31 @@ impl Session {
         // or too many bytes were held) is tried again on this tick too.
         let mut retry_resume = tokio::time::interval(Duration::from_millis(500));
         loop {
-            if !self.consuming && self.outstanding() == 0 {
+            if !self.consuming && self.tracker.outstanding() == 0 {
                 return Ok(());
             }
             tokio::select! {
                 biased;
                 Some(event) = self.events.recv() => self.settle(event).await?,
                 next = next_delivery(&mut self.consumer), if self.consuming && self.consumer.is_some() => match next {
-                    Some(Ok(delivery)) => self.take(Lane::Work, delivery),
+                    Some(Ok(delivery)) => {
+                        self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
+                        self.tracker.delivered(delivery.delivery_tag);
+                        self.shared
+                            .stats
+                            .in_flight
+                            .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
+                        let budget_bytes = self.carrier.budget_bytes(&delivery);
+                        let retune = self.budget.taken(budget_bytes);
+                        self.shared
+                            .stats
+                            .max_unacked_bytes_seen
+                            .fetch_max(self.budget.unacked(), Ordering::Relaxed);
+                        self.carrier.start(delivery, budget_bytes);
+                        if let Some(retune) = retune {
+                            self.replace_consumer(retune);
+                        }
+                    }
                     Some(Err(e)) => return Err(BridgeError::broker("consuming")(e)),
                     // A consumer this session cancelled has handed over its last delivery.
                     None if self.replacing => {
@@ -240,15 +197,6 @@ impl Session {
                     None => {
                         return Err(BridgeError::ConsumerEnded(
                             "the broker cancelled the consumer".into(),
-                        ));
-                    }
-                },
-                next = self.hold.consumer.next(), if self.consuming => match next {
-                    Some(Ok(delivery)) => self.take(Lane::Hold, delivery),
-                    Some(Err(e)) => return Err(BridgeError::broker("consuming the hold queue")(e)),
-                    None => {
-                        return Err(BridgeError::ConsumerEnded(
-                            "the broker cancelled the hold queue's consumer".into(),
                         ));
                     }
                 },
@@ -270,7 +218,7 @@ impl Session {
                 }
                 _ = sleep_until(drain_deadline), if drain_deadline.is_some() => {
                     tracing::warn!(
-                        outstanding = self.outstanding(),
+                        outstanding = self.tracker.outstanding(),
                         "shutdown timeout: leaving unconfirmed deliveries unacked (the broker redelivers them)"
                     );
                     return Ok(());
@@ -279,97 +227,44 @@ impl Session {
                     self.resume().await?;
                 }
                 _ = report.tick() => {
-                    let held = self.held();
+                    let held = self.tracker.held_count();
                     if held > 0 {
-                        tracing::info!(held, outstanding = self.outstanding(), prefetch = config.prefetch, "holding messages for their last moments");
+                        tracing::info!(held, outstanding = self.tracker.outstanding(), prefetch = config.prefetch, "holding messages for their last moments");
                     }
                 }
             }
         }
     }
 
-    /// Deliveries not yet acked or released, on both lanes.
-    fn outstanding(&self) -> usize {
-        self.tracker.outstanding() + self.hold.tracker.outstanding()
-    }
-
-    /// Deliveries waiting on a hold timer, on both lanes.
-    fn held(&self) -> usize {
-        self.tracker.held_count() + self.hold.tracker.held_count()
-    }
-
-    /// Takes a delivery from `lane` on: counts it against the byte budget and starts its
-    /// carrier.
-    fn take(&mut self, lane: Lane, mut delivery: lapin::message::Delivery) {
-        let stats = &self.shared.stats;
-        stats.consumed.fetch_add(1, Ordering::Relaxed);
-        match lane {
-            Lane::Work => self.tracker.delivered(delivery.delivery_tag),
-            Lane::Hold => {
-                self.hold.tracker.delivered(delivery.delivery_tag);
-                // What the hold queue holds, the bridge moved out of the work queue: it
-                // is read as a delivery back from the work exchange (in flight, with the
-                // bridge's state headers), never as a publisher's.
-                delivery.exchange = self.shared.work_exchange.as_str().into();
-            }
-        }
-        stats
-            .in_flight
-            .store(self.outstanding() as u64, Ordering::Relaxed);
-        let budget_bytes = self.carrier.budget_bytes(&delivery);
-        let retune = self.budget.taken(budget_bytes);
-        stats
-            .max_unacked_bytes_seen
-            .fetch_max(self.budget.unacked(), Ordering::Relaxed);
-        self.carrier.start(delivery, budget_bytes, lane);
-        if let Some(retune) = retune {
-            self.replace_consumer(retune);
-        }
-    }
-
-    /// The tracker of `lane`'s deliveries.
-    fn tracker(&mut self, lane: Lane) -> &mut AckTracker {
-        match lane {
-            Lane::Work => &mut self.tracker,
-            Lane::Hold => &mut self.hold.tracker,
-        }
-    }
-
-    /// Folds `first` and every event that finished meanwhile into one batch of acks per
-    /// lane: one `multiple` ack instead of one ack (and one wait for the client's writer)
-    /// per message.
+    /// Folds `first` and every event that finished meanwhile into one batch of acks: one
+    /// `multiple` ack instead of one ack (and one wait for the client's writer) per message.
     async fn settle(&mut self, first: Event) -> Result<(), BridgeError> {
         let shared = self.shared.clone();
         let stats = &shared.stats;
-        let mut work_ops = Vec::new();
-        let mut hold_ops = Vec::new();
+        let mut ops = Vec::new();
         let mut failure = None;
         let mut next = Some(first);
         let mut batched = 0;
         while let Some(event) = next {
             match event {
-                Event::Held(LaneTag { lane, tag }) => self.tracker(lane).held(tag),
+                Event::Held(tag) => self.tracker.held(tag),
                 Event::Ended {
-                    tag: LaneTag { lane, tag },
+                    tag,
                     budget_bytes,
                     outcome,
                 } => {
                     self.budget.settled(budget_bytes);
-                    let ops = match outcome {
-                        Outcome::Done => self.tracker(lane).done(tag),
+                    match outcome {
+                        Outcome::Done => ops.extend(self.tracker.done(tag)),
                         Outcome::Release => {
                             stats.released.fetch_add(1, Ordering::Relaxed);
-                            self.tracker(lane).release(tag)
+                            ops.extend(self.tracker.release(tag));
                         }
                         Outcome::Failed(error) => {
                             stats.released.fetch_add(1, Ordering::Relaxed);
+                            ops.extend(self.tracker.release(tag));
                             failure.get_or_insert(error);
-                            self.tracker(lane).release(tag)
                         }
-                    };
-                    match lane {
-                        Lane::Work => work_ops.extend(ops),
-                        Lane::Hold => hold_ops.extend(ops),
                     }
                 }
             }
@@ -380,20 +275,13 @@ impl Session {
                 None
             };
         }
-        stats.held.store(self.held() as u64, Ordering::Relaxed);
+        stats
+            .held
+            .store(self.tracker.held_count() as u64, Ordering::Relaxed);
         stats
             .in_flight
-            .store(self.outstanding() as u64, Ordering::Relaxed);
-        let singles = work_ops
-            .iter()
-            .chain(&hold_ops)
-            .filter(|op| matches!(op, AckOp::Single(_)))
-            .count();
-        stats
-            .single_acks
-            .fetch_add(singles as u64, Ordering::Relaxed);
-        apply(&self.consume, AckTracker::compact(work_ops)).await?;
-        apply(&self.hold.channel, AckTracker::compact(hold_ops)).await?;
+            .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
+        apply(&self.consume, AckTracker::compact(ops)).await?;
         match failure {
             Some(error) => Err(error),
             None => self.resume().await,
@@ -457,7 +345,7 @@ impl Session {
     async fn begin_drain(&mut self) {
         self.consuming = false;
         tracing::info!(
-            outstanding = self.outstanding(),
+            outstanding = self.tracker.outstanding(),
             "stopping: no new deliveries; releasing held messages, waiting for in-flight confirms"
         );
         // A broker under a resource alarm reads nothing, not even a cancel. A consumer
@@ -467,15 +355,6 @@ impl Session {
                 CLOSE_TIMEOUT,
                 self.consume
                     .basic_cancel(self.consumer_tag.as_str().into(), Default::default()),
-            )
-            .await;
-        }
-        if !self.connection.status().blocked() {
-            let _ = tokio::time::timeout(
-                CLOSE_TIMEOUT,
-                self.hold
-                    .channel
-                    .basic_cancel(self.hold.consumer_tag.as_str().into(), Default::default()),
             )
             .await;
         }

@@ -73,12 +73,6 @@ async fn status_shows_levels_consumers_and_parked_reasons_and_leaves_them_parked
     })
     .await;
     assert_eq!(json["work"]["consumers"], 1, "{json:#}");
-    assert_eq!(json["hold"]["consumers"], 1, "{json:#}");
-    assert_eq!(
-        json["hold"]["name"],
-        w.config.names.hold_queue(),
-        "{json:#}"
-    );
     assert_eq!(json["pending_in_levels"], 3, "{json:#}");
     assert_eq!(json["parked"]["read"], 3, "{json:#}");
     assert_eq!(json["parked"]["by_reason"]["unroutable"], 2, "{json:#}");

@@ -36,7 +36,6 @@ pub async fn status(config: &Config, args: &StatusArgs) -> Result<()> {
 /// The status as a table: one row per queue, then the parked reasons.
 fn table(status: &Status, all_levels: bool) -> String {
     let mut rows: Vec<(String, &QueueStatus)> = vec![("work".into(), &status.work)];
-    rows.extend(status.hold.iter().map(|hold| ("hold".to_string(), hold)));
     rows.extend(
         status
             .levels

@@ -7,14 +7,6 @@
 //! [`MAX_BUNDLE_BYTES`]) and tells every message how that went; each message's delivery is
 //! acked once its bundle is confirmed, as after a hop of its own.
 //!
-//! Hold side: a message due within the smallest level waits in the hold queue, not in the
-//! work queue: the messages of one window that must be held travel as one bundle into the
-//! hold queue (its delivery acked once that is confirmed), and come back on the session's
-//! hold lane, where they wait out their last moments. A work-queue delivery is then never
-//! held for more than a window, so the work queue's acks go in delivery order, many at a
-//! time; held for up to a second, they went one by one, and each made the broker walk the
-//! channel's unacked deliveries (`delay_bridge_single_acks_total`).
-//!
 //! Return side: a bundle's delivery is acked once every message in it is settled (hopped
 //! again, delivered, parked or dropped). When the session stops first, the messages not yet
 //! settled travel on as a bundle of their own through the work exchange before the delivery
@@ -33,7 +25,6 @@ use tokio::sync::oneshot;
 
 use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodable};
 use crate::bridge::BridgeError;
-use crate::bridge::lanes::{Lane, LaneTag};
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle::{self, Member};
 use crate::contract::{Envelope, consumed_properties, hop_properties};
@@ -47,10 +38,6 @@ const MAX_BUNDLE_BYTES: usize = 1024 * 1024;
 /// body, for the byte budget: a decoded message's task state measured 928 bytes (see
 /// docs/performance.md, "Bridge memory is per unacked delivery"), plus its envelope.
 pub(super) const HELD_MESSAGE_BYTES: u64 = 1024;
-
-/// A message due sooner than this after its window's end waits where it is: its bundle
-/// might not reach the hold queue and come back in time.
-const HOLD_ASIDE_LEAD_MS: u64 = 100;
 
 /// How the bundle a message hopped in was settled.
 #[derive(Debug, Clone)]
@@ -72,17 +59,8 @@ struct Waiting {
     answer: oneshot::Sender<Answer>,
 }
 
-/// Where a bundle goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Bound {
-    /// Into a level: its messages hop.
-    Level(Duration),
-    /// Into the hold queue: its messages wait out their last moments there.
-    Hold,
-}
-
-/// A group of messages: where their bundle goes and when it leaves (epoch ms).
-type GroupKey = (Bound, u64);
+/// A group of hops: the level they go to and when their bundle leaves (epoch ms).
+type GroupKey = (Duration, u64);
 
 /// The bundles filling up now.
 #[derive(Default)]
@@ -118,7 +96,7 @@ pub(in crate::bridge) type PreparedBundle = Result<Bundle, Box<Undecodable>>;
 /// The messages of a bundle that came back.
 pub(in crate::bridge) struct Bundle {
     /// Its delivery.
-    tag: LaneTag,
+    tag: u64,
     /// The routing key it came back with (its level's name).
     routing_key: ShortString,
     /// Each message decoded, or why it is parked.
@@ -149,7 +127,7 @@ impl Carrier {
     /// `None` when it must hop alone (too large for a bundle, or its bundle was refused).
     pub(super) async fn hop_bundled(
         &self,
-        tag: LaneTag,
+        tag: u64,
         body: &[u8],
         envelope: &Envelope,
         level: Duration,
@@ -157,7 +135,7 @@ impl Carrier {
     ) -> Option<Outcome> {
         let member = bundle::encode_member(&hop_properties(envelope), body)
             .filter(|member| member.len() <= MAX_MEMBER_BYTES)?;
-        let key = (Bound::Level(level), leaves_at);
+        let key = (level, leaves_at);
         let (answered, leads) = self.bundles.join(key, member);
         if leads {
             self.lead(tag, key).await;
@@ -174,41 +152,9 @@ impl Carrier {
         }
     }
 
-    /// Moves a message that must be held out of the work queue: into the hold bundle that
-    /// leaves at `leaves_at` (epoch ms). `None` when it waits where it is instead: it is on
-    /// the hold lane already, it is due too soon after `leaves_at`, it is too large for a
-    /// bundle, or its bundle was refused.
-    pub(super) async fn hold_aside(
-        &self,
-        tag: LaneTag,
-        body: &[u8],
-        envelope: &Envelope,
-        leaves_at: u64,
-    ) -> Option<Outcome> {
-        if tag.lane == Lane::Hold || envelope.deliver_at < leaves_at + HOLD_ASIDE_LEAD_MS {
-            return None;
-        }
-        let member = bundle::encode_member(&consumed_properties(envelope), body)
-            .filter(|member| member.len() <= MAX_MEMBER_BYTES)?;
-        let key = (Bound::Hold, leaves_at);
-        let (answered, leads) = self.bundles.join(key, member);
-        if leads {
-            self.lead(tag, key).await;
-        }
-        match answered.await.unwrap_or(Answer::Release) {
-            Answer::Routed => {
-                tracing::trace!("held aside in a bundle");
-                Some(Outcome::Done)
-            }
-            Answer::Alone => None,
-            Answer::Release => Some(Outcome::Release),
-            Answer::Failed(error) => Some(Outcome::Failed(BridgeError::Bundle(error))),
-        }
-    }
-
     /// Leads the group `key`: waits for its window's end, then publishes it and answers
     /// every message in it (on a stop first, each is released).
-    async fn lead(&self, tag: LaneTag, key: GroupKey) {
+    async fn lead(&self, tag: u64, key: GroupKey) {
         let stopped = tokio::select! {
             _ = tokio::time::sleep(until_epoch_ms(key.1)) => false,
             _ = self.stop.cancelled() => true,
@@ -220,29 +166,18 @@ impl Carrier {
             }
             return;
         }
-        let names = &self.shared.config.names;
-        let queue = match key.0 {
-            Bound::Level(level) => names.level_queue(level),
-            Bound::Hold => names.hold_queue(),
-        };
+        let queue = self.shared.config.names.level_queue(key.0);
         let bundles = split_by_size(waiting, |w| w.member.len(), MAX_BUNDLE_BYTES);
         futures::future::join_all(
             bundles
                 .into_iter()
-                .map(|messages| self.publish_bundle(tag, key.0, &queue, messages)),
+                .map(|messages| self.publish_bundle(tag, &queue, messages)),
         )
         .await;
     }
 
-    /// Publishes `messages` as one bundle into `queue` (where `bound` goes) and answers
-    /// each of them.
-    async fn publish_bundle(
-        &self,
-        tag: LaneTag,
-        bound: Bound,
-        queue: &str,
-        messages: Vec<Waiting>,
-    ) {
+    /// Publishes `messages` as one bundle into the level `queue` and answers each of them.
+    async fn publish_bundle(&self, tag: u64, queue: &str, messages: Vec<Waiting>) {
         let body = bundle::bundle_body(messages.iter().map(|w| w.member.as_slice()));
         let attempt = Attempt {
             tag,
@@ -254,11 +189,7 @@ impl Carrier {
         };
         let answer = match self.publish_until_settled(attempt).await {
             Settled::Routed => {
-                let counter = match bound {
-                    Bound::Level(_) => &self.shared.stats.bundles,
-                    Bound::Hold => &self.shared.stats.hold_bundles,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.shared.stats.bundles.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(queue, messages = messages.len(), "bundle");
                 Answer::Routed
             }
@@ -267,7 +198,7 @@ impl Carrier {
                     queue,
                     messages = messages.len(),
                     reason = refused.reason.as_str(),
-                    "a bundle was refused: its messages hop, or wait, alone"
+                    "a level refused a bundle: its messages hop alone"
                 );
                 Answer::Alone
             }
@@ -279,17 +210,17 @@ impl Carrier {
         }
     }
 
-    /// Reads a bundle that came back through the work exchange (or the hold queue) into its
-    /// messages, each decoded as a delivery of its own would be (a bundle redelivered too
-    /// often parks every message in it `redelivery-limit`).
+    /// Reads a bundle that came back through the work exchange into its messages, each
+    /// decoded as a delivery of its own would be (a bundle redelivered too often parks
+    /// every message in it `redelivery-limit`).
     pub(super) fn prepare_bundle(
         &self,
-        tag: LaneTag,
         delivery: Delivery,
         redeliveries: Option<u32>,
     ) -> PreparedBundle {
         let read_at = now_ms();
         let Delivery {
+            delivery_tag: tag,
             exchange,
             routing_key,
             properties,
