@@ -11,6 +11,10 @@
 #   bash scripts/profile.sh                      # RabbitMQ 3.x on 5672, steady 2000 msg/s
 #   bash scripts/profile.sh 3 baseline           # the plain transit at 2000 msg/s
 #   bash scripts/profile.sh 4 --rate 1000        # RabbitMQ 4.x on 5673, other steady options
+# With PROFILE_EPROF=<part of a queue name> (for example `.work`, or `baseline`), the queue
+# process whose name contains it is then traced for PROFILE_EPROF_SECONDS (5) with Erlang's
+# eprof, and its busiest functions are printed by calls, with their calls per delivery the
+# queue made meanwhile (tracing slows the broker: the run's lateness no longer means much).
 # Needs perf (Debian's linux-perf) and root when the broker runs as another user; the broker on
 # this machine. Reductions are the Erlang VM's unit of work, not CPU time: they show which
 # processes work, not how much CPU each costs.
@@ -97,6 +101,32 @@ io:format(\"reductions in ~b s: ~b~n\", [$seconds, Total]),
 [io:format(\"~6.2f%  ~p~n\", [100 * V / Total, K]) || {K, V} <- lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Sum))), 12)],
 ok." | sed 's/^/broker processes: /'
 wait "$perf_broker" $perf_bridge || true
+if [ -n "${PROFILE_EPROF:-}" ]; then
+  # The broker writes the log; RabbitMQ 4.x runs in scripts/broker4.sh's chroot.
+  eprof_log=/tmp/profile-eprof.$$
+  local_log=$eprof_log
+  [ "$broker" = 4 ] && local_log=${RMQ4_ROOT:-/var/lib/delay-bridge/rabbitmq-4-trixie}$eprof_log
+  "${ctl[@]}" eval "
+Queue = fun(P) -> case erlang:process_info(P, dictionary) of
+  {dictionary, D} -> case proplists:get_value(process_name, D) of
+    {rabbit_amqqueue_process, {resource, _, queue, Q}} -> binary:match(Q, <<\"$PROFILE_EPROF\">>) =/= nomatch;
+    _ -> false end;
+  _ -> false end end,
+case [P || P <- erlang:processes(), Queue(P)] of
+  [] -> io:format(\"no queue process matches ~s~n\", [\"$PROFILE_EPROF\"]);
+  Ps -> eprof:start(), eprof:start_profiling(Ps), timer:sleep(${PROFILE_EPROF_SECONDS:-5} * 1000),
+        eprof:stop_profiling(), eprof:log(\"$eprof_log\"), eprof:analyze(total, [{sort, calls}]), eprof:stop(),
+        io:format(\"traced ~b queue process(es)~n\", [length(Ps)])
+end." >/dev/null
+  if [ -f "$local_log" ]; then
+    echo "queue $PROFILE_EPROF, eprof over ${PROFILE_EPROF_SECONDS:-5} s: the busiest functions by calls, and calls per delivery"
+    deliveries=$(awk '$1 == "rabbit_queue_consumers:deliver_to_consumer/3" {print $2}' "$local_log")
+    awk '$1 != "Total:" && $2 ~ /^[0-9]+$/ {print $1, $2}' "$local_log" | sort -k2,2nr | head -15 |
+      awk -v d="${deliveries:-0}" '{printf "  %-70s %10d %8.1f\n", $1, $2, d ? $2 / d : 0}'
+    echo "  deliveries (rabbit_queue_consumers:deliver_to_consumer/3): ${deliveries:-0}"
+    rm -f "$local_log"
+  fi
+fi
 after=$(threads)
 [ -n "$bridge" ] && echo "bridge threads: id, name, voluntary and involuntary context switches in the window"
 join <(echo "$before") <(echo "$after") | awk '{printf "  %-8s %-18s %8d %8d\n", $1, $2, $6 - $3, $7 - $4}'
