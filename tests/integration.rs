@@ -23,3 +23,4 @@ mod stuck_levels;
 mod support;
 mod upgrade;
 mod versions;
+mod wire;

@@ -103,6 +103,17 @@ impl RawFrame {
     }
 }
 
+/// The limits agreed in the handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuned {
+    /// The largest frame, bytes, header and end byte included.
+    pub frame_max: u32,
+    /// The highest channel number.
+    pub channel_max: u16,
+    /// Seconds between heartbeats (`0`: none).
+    pub heartbeat: u16,
+}
+
 /// An open bare connection with its channel [`CHANNEL`] open.
 pub struct Bare<S> {
     stream: S,
@@ -113,6 +124,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
     /// Opens AMQP on `stream` to the broker of `uri` (its credentials and virtual host;
     /// PLAIN or EXTERNAL), shown in the management UI as `name`, and opens the channel.
     pub async fn open(stream: S, uri: &AMQPUri, name: &str) -> Result<Self, BareError> {
+        let (mut bare, _) = Self::handshake(stream, uri, name, 0).await?;
+        bare.send_method(
+            CHANNEL,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )
+        .await?;
+        bare.expect(CHANNEL, |m| {
+            matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))
+        })
+        .await?;
+        Ok(bare)
+    }
+
+    /// Opens AMQP on `stream` as [`Bare::open`] does, asking for heartbeats every
+    /// `heartbeat` seconds (`0`: none; a lower proposal of the broker wins), and opens
+    /// no channel. Gives the limits agreed with the broker.
+    pub async fn handshake(
+        stream: S,
+        uri: &AMQPUri,
+        name: &str,
+        heartbeat: u16,
+    ) -> Result<(Self, Tuned), BareError> {
         let mut bare = Bare {
             stream,
             frame_max: DEFAULT_FRAME_MAX,
@@ -139,6 +172,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
             "connection_name".into(),
             AMQPValue::LongString(LongString::from(name)),
         );
+        let mut capabilities = FieldTable::default();
+        for capability in [
+            "publisher_confirms",
+            "basic.nack",
+            "connection.blocked",
+            "consumer_cancel_notify",
+        ] {
+            capabilities.insert(capability.into(), AMQPValue::Boolean(true));
+        }
+        client_properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
         bare.send_method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
@@ -160,12 +203,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
         if tune.frame_max > 0 {
             bare.frame_max = tune.frame_max.min(DEFAULT_FRAME_MAX);
         }
+        let tuned = Tuned {
+            frame_max: bare.frame_max,
+            channel_max: match tune.channel_max {
+                0 => u16::MAX,
+                max => max,
+            },
+            heartbeat: match (tune.heartbeat, heartbeat) {
+                (_, 0) => 0,
+                (0, asked) => asked,
+                (offered, asked) => offered.min(asked),
+            },
+        };
         bare.send_method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
                 channel_max: tune.channel_max,
                 frame_max: bare.frame_max,
-                heartbeat: 0,
+                heartbeat: tuned.heartbeat,
             })),
         )
         .await?;
@@ -180,16 +235,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
             matches!(m, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_)))
         })
         .await?;
-        bare.send_method(
-            CHANNEL,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        )
-        .await?;
-        bare.expect(CHANNEL, |m| {
-            matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))
-        })
-        .await?;
-        Ok(bare)
+        Ok((bare, tuned))
+    }
+
+    /// The stream, for a connection that takes over after [`Bare::handshake`].
+    pub fn into_stream(self) -> S {
+        self.stream
     }
 
     /// Sends `method` on `channel` and waits for the broker's next method there, which must

@@ -9,6 +9,7 @@ pub(crate) mod targets;
 mod tls;
 pub mod unreadable;
 pub(crate) mod verdict;
+pub mod wire;
 
 pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use delay_bridge::config::Config;
 
 use super::job::{ChildArgs, Client};
-use super::{amqprs_relay, bare_relay, lapin_relay};
+use super::{amqprs_relay, bare_relay, lapin_relay, wire_relay};
 
 /// The line the child prints once it consumes.
 pub const READY: &str = "ready";
@@ -32,6 +32,7 @@ pub fn main(config: &Config, args: &ChildArgs) -> Result<()> {
             Client::Lapin => lapin_relay::relay(&url, &job, ready).await,
             Client::Amqprs => amqprs_relay::relay(&url, &job, ready).await,
             Client::Bare => bare_relay::relay(&url, &job, ready).await,
+            Client::Wire => wire_relay::relay(&url, &job, ready).await,
         }
     };
     // Spawned, so that it runs on the worker and not on this thread.

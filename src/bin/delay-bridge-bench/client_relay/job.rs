@@ -16,11 +16,14 @@ pub enum Client {
     /// The library's bare connection (amq-protocol frames on the caller's runtime), one
     /// task for the whole relay: what a client of our own would cost.
     Bare,
+    /// The library's own connection (`amqp::wire`), shaped as the lapin relay: a consumer,
+    /// a confirm-mode channel, a task per message waiting for its confirm.
+    Wire,
 }
 
 impl Client {
     /// Every client, in the order the scenario runs them.
-    pub const ALL: [Client; 3] = [Client::Lapin, Client::Amqprs, Client::Bare];
+    pub const ALL: [Client; 4] = [Client::Lapin, Client::Amqprs, Client::Bare, Client::Wire];
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
@@ -28,6 +31,7 @@ impl Client {
             Client::Lapin => "lapin",
             Client::Amqprs => "amqprs",
             Client::Bare => "bare",
+            Client::Wire => "wire",
         }
     }
 }

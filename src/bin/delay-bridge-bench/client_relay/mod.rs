@@ -5,13 +5,15 @@
 //! runtime worker as the bridge runs, and reports the relay's CPU time per message beside
 //! the broker's. lapin is the bridge's client; amqprs runs its I/O as tasks on the caller's
 //! runtime instead of a thread of its own; `bare` is the library's bare connection, one task
-//! reading and writing frames, what a client of our own would cost.
+//! reading and writing frames, what a client of our own would cost; `wire` is the library's
+//! own connection (`amqp::wire`), used as the lapin relay uses lapin.
 
 mod amqprs_relay;
 mod bare_relay;
 mod child;
 pub mod job;
 mod lapin_relay;
+mod wire_relay;
 
 use std::path::Path;
 use std::process::Stdio;

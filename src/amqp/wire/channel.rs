@@ -1,0 +1,608 @@
+//! One AMQP channel of a [`super::Connection`]: calls that wait for their reply, consumers,
+//! acks, and publishes that learn their confirm. What the broker sends on the channel is
+//! handled by [`ChannelShared::on_method`] and its siblings, from the connection's reader.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use amq_protocol::frame::AMQPContentHeader;
+use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, confirm};
+use lapin::types::{FieldTable, ShortString};
+use tokio::sync::{mpsc, oneshot};
+
+use super::confirms::Confirms;
+use super::content::{Carrier, Content, Incoming, Step};
+use super::{Inner, WireError};
+
+/// What the broker said of a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirm {
+    /// `basic.ack`: the broker took responsibility for it (an unroutable mandatory publish
+    /// is acked too, after its [`Returned`]).
+    Ack,
+    /// `basic.nack`: the broker lost it.
+    Nack,
+}
+
+/// A message delivered to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Its tag on the channel, for the ack.
+    pub delivery_tag: u64,
+    /// True when it was delivered before and not acked.
+    pub redelivered: bool,
+    /// The exchange it was published to.
+    pub exchange: ShortString,
+    /// The routing key it was published with.
+    pub routing_key: ShortString,
+    /// Its properties.
+    pub properties: BasicProperties,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// A mandatory publish the broker could not route, given back.
+#[derive(Debug, Clone)]
+pub struct Returned {
+    /// Why (312 `NO_ROUTE`).
+    pub reply_code: u16,
+    /// Why, in words.
+    pub reply_text: ShortString,
+    /// The exchange it was published to.
+    pub exchange: ShortString,
+    /// The routing key it was published with.
+    pub routing_key: ShortString,
+    /// Its properties.
+    pub properties: BasicProperties,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// Called with each returned publish, on the connection's reader, before the confirm that
+/// follows it is handed over. It must not block nor call the channel.
+pub type ReturnHandler = Box<dyn Fn(Returned) + Send + Sync>;
+
+type ConfirmWaiter = oneshot::Sender<Result<Confirm, WireError>>;
+type ReplyWaiter = oneshot::Sender<Result<AMQPClass, WireError>>;
+
+/// The channel's state, shared by its handles and the connection's reader.
+pub(super) struct ChannelShared {
+    id: u16,
+    state: Mutex<ChannelState>,
+}
+
+struct ChannelState {
+    /// Why the channel is gone, once it is.
+    closed: Option<WireError>,
+    /// Calls waiting for their reply, in the order they were sent.
+    replies: VecDeque<ReplyWaiter>,
+    /// In confirm mode: the publishes not yet confirmed.
+    confirms: Option<Confirms<ConfirmWaiter>>,
+    /// Consumers by tag.
+    consumers: HashMap<ShortString, mpsc::UnboundedSender<Delivery>>,
+    /// A message whose frames are arriving.
+    incoming: Option<Incoming>,
+    on_return: Option<ReturnHandler>,
+    /// Consumer tags given so far (for tags made here).
+    consumers_made: u64,
+}
+
+impl ChannelShared {
+    pub(super) fn new(id: u16) -> Self {
+        Self {
+            id,
+            state: Mutex::new(ChannelState {
+                closed: None,
+                replies: VecDeque::new(),
+                confirms: None,
+                consumers: HashMap::new(),
+                incoming: None,
+                on_return: None,
+                consumers_made: 0,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ChannelState> {
+        self.state.lock().expect("channel lock")
+    }
+
+    /// Ends the channel with `error`: every call, publish and consumer waiting on it gets
+    /// it (consumers see their stream end).
+    pub(super) fn fail(&self, error: &WireError) {
+        let mut state = self.state();
+        state.closed.get_or_insert_with(|| error.clone());
+        for waiter in state.replies.drain(..) {
+            let _ = waiter.send(Err(error.clone()));
+        }
+        if let Some(confirms) = &mut state.confirms {
+            for waiter in confirms.take_all() {
+                let _ = waiter.send(Err(error.clone()));
+            }
+        }
+        state.consumers.clear();
+        state.incoming = None;
+    }
+
+    /// A method the broker sent on this channel. `Err` fails the connection.
+    pub(super) fn on_method(&self, inner: &Inner, method: AMQPClass) -> Result<(), WireError> {
+        let mut state = self.state();
+        if state.incoming.is_some() {
+            return Err(WireError::Unexpected(format!(
+                "{method:?} on channel {} where a message's frames were due",
+                self.id
+            )));
+        }
+        match method {
+            AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)) => {
+                state.incoming = Some(Incoming::new(Carrier::Deliver(deliver)));
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Return(returned)) => {
+                state.incoming = Some(Incoming::new(Carrier::Return(returned)));
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Ack(ack)) => {
+                settle(&mut state, ack.delivery_tag, ack.multiple, Confirm::Ack)
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Nack(nack)) => {
+                settle(&mut state, nack.delivery_tag, nack.multiple, Confirm::Nack)
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)) => {
+                state.consumers.remove(&cancel.consumer_tag);
+                if !cancel.nowait {
+                    inner.outbox.send(|frames| {
+                        frames.method(
+                            self.id,
+                            AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                                consumer_tag: cancel.consumer_tag.clone(),
+                            })),
+                        )
+                    })?;
+                }
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
+                inner.outbox.send(|frames| {
+                    frames.method(
+                        self.id,
+                        AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
+                            active: flow.active,
+                        })),
+                    )
+                })?;
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Close(close)) => {
+                drop(state);
+                let error = WireError::Closed {
+                    what: "channel",
+                    code: close.reply_code,
+                    text: close.reply_text.to_string(),
+                };
+                self.fail(&error);
+                // Answered before the number can be given to a new channel.
+                inner.outbox.send(|frames| {
+                    frames.method(
+                        self.id,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    )
+                })?;
+                inner.forget_channel(self.id);
+            }
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                drop(state);
+                inner.forget_channel(self.id);
+                let mut state = self.state();
+                if let Some(waiter) = state.replies.pop_front() {
+                    let _ = waiter.send(Ok(method));
+                }
+                drop(state);
+                self.fail(&WireError::ChannelClosed);
+            }
+            reply => match state.replies.pop_front() {
+                Some(waiter) => {
+                    let _ = waiter.send(Ok(reply));
+                }
+                None => {
+                    return Err(WireError::Unexpected(format!(
+                        "{reply:?} on channel {} with no call waiting",
+                        self.id
+                    )));
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// A content header the broker sent on this channel.
+    pub(super) fn on_header(&self, header: AMQPContentHeader) -> Result<(), WireError> {
+        let mut state = self.state();
+        let incoming = state.incoming.take().ok_or_else(|| {
+            WireError::Unexpected(format!(
+                "a content header on channel {} out of place",
+                self.id
+            ))
+        })?;
+        let step = incoming.header(header).map_err(WireError::Unexpected)?;
+        arrive(&mut state, step);
+        Ok(())
+    }
+
+    /// A body frame the broker sent on this channel.
+    pub(super) fn on_body(&self, part: &[u8]) -> Result<(), WireError> {
+        let mut state = self.state();
+        let incoming = state.incoming.take().ok_or_else(|| {
+            WireError::Unexpected(format!("a body frame on channel {} out of place", self.id))
+        })?;
+        let step = incoming.body(part).map_err(WireError::Unexpected)?;
+        arrive(&mut state, step);
+        Ok(())
+    }
+}
+
+fn settle(state: &mut ChannelState, tag: u64, multiple: bool, confirm: Confirm) {
+    if let Some(confirms) = &mut state.confirms {
+        for waiter in confirms.settle(tag, multiple) {
+            let _ = waiter.send(Ok(confirm));
+        }
+    }
+}
+
+fn arrive(state: &mut ChannelState, step: Step) {
+    let content = match step {
+        Step::Waiting(incoming) => {
+            state.incoming = Some(incoming);
+            return;
+        }
+        Step::Done(content) => content,
+    };
+    let Content {
+        carrier,
+        properties,
+        body,
+    } = content;
+    match carrier {
+        Carrier::Deliver(deliver) => {
+            // A consumer that is gone leaves the delivery unacked: the broker gives it
+            // back when the channel closes.
+            if let Some(consumer) = state.consumers.get(&deliver.consumer_tag) {
+                let _ = consumer.send(Delivery {
+                    delivery_tag: deliver.delivery_tag,
+                    redelivered: deliver.redelivered,
+                    exchange: deliver.exchange,
+                    routing_key: deliver.routing_key,
+                    properties,
+                    body,
+                });
+            }
+        }
+        Carrier::Return(returned) => {
+            if let Some(handler) = &state.on_return {
+                handler(Returned {
+                    reply_code: returned.reply_code,
+                    reply_text: returned.reply_text,
+                    exchange: returned.exchange,
+                    routing_key: returned.routing_key,
+                    properties,
+                    body,
+                });
+            }
+        }
+    }
+}
+
+/// A handle on an open channel. Clones share the channel.
+#[derive(Clone)]
+pub struct Channel {
+    pub(super) shared: Arc<ChannelShared>,
+    pub(super) inner: Arc<Inner>,
+}
+
+impl Channel {
+    /// The channel's number.
+    pub fn id(&self) -> u16 {
+        self.shared.id
+    }
+
+    /// True until the channel or its connection is gone.
+    pub fn is_open(&self) -> bool {
+        self.shared.state().closed.is_none()
+    }
+
+    /// Why the channel is gone, once it is.
+    pub fn error(&self) -> Option<WireError> {
+        self.shared.state().closed.clone()
+    }
+
+    /// Sends `method` and waits for the broker's reply to it (a method that is neither a
+    /// delivery, a return, a confirm nor a close). A channel error (a passive declare of
+    /// an exchange that does not exist, say) comes back as [`WireError::Closed`], and the
+    /// channel is then gone.
+    pub async fn call(&self, method: AMQPClass) -> Result<AMQPClass, WireError> {
+        let (waiter, reply) = oneshot::channel();
+        {
+            let mut state = self.shared.state();
+            if let Some(error) = &state.closed {
+                return Err(error.clone());
+            }
+            self.inner
+                .outbox
+                .send(|frames| frames.method(self.shared.id, method))?;
+            state.replies.push_back(waiter);
+        }
+        reply.await.map_err(|_| self.gone())?
+    }
+
+    /// Lets the broker deliver at most `prefetch_count` messages unacked on this channel.
+    pub async fn qos(&self, prefetch_count: u16) -> Result<(), WireError> {
+        let reply = self
+            .call(AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count,
+                global: false,
+            })))
+            .await?;
+        expect(reply, |m| {
+            matches!(m, AMQPClass::Basic(basic::AMQPMethod::QosOk(_)))
+        })
+    }
+
+    /// Puts the channel in publisher-confirm mode.
+    pub async fn confirm_select(&self) -> Result<(), WireError> {
+        self.shared
+            .state()
+            .confirms
+            .get_or_insert_with(Confirms::new);
+        let reply = self
+            .call(AMQPClass::Confirm(confirm::AMQPMethod::Select(
+                confirm::Select { nowait: false },
+            )))
+            .await?;
+        expect(reply, |m| {
+            matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)))
+        })
+    }
+
+    /// Gives returned mandatory publishes to `handler` from now on.
+    pub fn on_return(&self, handler: ReturnHandler) {
+        self.shared.state().on_return = Some(handler);
+    }
+
+    /// Consumes `queue` with `arguments`, as `consumer_tag` (one made here when empty).
+    pub async fn consume(
+        &self,
+        queue: &str,
+        consumer_tag: &str,
+        arguments: FieldTable,
+    ) -> Result<Consumer, WireError> {
+        let (deliveries, receiver) = mpsc::unbounded_channel();
+        let tag = {
+            let mut state = self.shared.state();
+            let tag = if consumer_tag.is_empty() {
+                state.consumers_made += 1;
+                ShortString::from(format!("wire-{}-{}", self.shared.id, state.consumers_made))
+            } else {
+                ShortString::from(consumer_tag)
+            };
+            // Registered before the broker can deliver to it.
+            state.consumers.insert(tag.clone(), deliveries);
+            tag
+        };
+        let reply = self
+            .call(AMQPClass::Basic(basic::AMQPMethod::Consume(
+                basic::Consume {
+                    queue: queue.into(),
+                    consumer_tag: tag.clone(),
+                    no_local: false,
+                    no_ack: false,
+                    exclusive: false,
+                    nowait: false,
+                    arguments,
+                },
+            )))
+            .await;
+        let checked = reply.and_then(|reply| {
+            expect(reply, |m| {
+                matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
+            })
+        });
+        if let Err(error) = checked {
+            self.shared.state().consumers.remove(&tag);
+            return Err(error);
+        }
+        Ok(Consumer {
+            tag,
+            deliveries: receiver,
+            channel: self.clone(),
+        })
+    }
+
+    /// Stops the consumer `tag`: nothing more is delivered to it once this returns.
+    pub async fn cancel(&self, tag: &ShortString) -> Result<(), WireError> {
+        let reply = self
+            .call(AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                consumer_tag: tag.clone(),
+                nowait: false,
+            })))
+            .await?;
+        self.shared.state().consumers.remove(tag);
+        expect(reply, |m| {
+            matches!(m, AMQPClass::Basic(basic::AMQPMethod::CancelOk(_)))
+        })
+    }
+
+    /// Acks deliveries, each `(tag, multiple)` (`multiple` acks every one up to `tag`), in
+    /// one write.
+    pub fn ack(&self, acks: impl IntoIterator<Item = (u64, bool)>) -> Result<(), WireError> {
+        self.send_methods(acks.into_iter().map(|(delivery_tag, multiple)| {
+            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                delivery_tag,
+                multiple,
+            }))
+        }))
+    }
+
+    /// Gives deliveries back, each `(tag, multiple)`, to the queue when `requeue` (else to
+    /// its dead-letter exchange, or dropped).
+    pub fn nack(
+        &self,
+        nacks: impl IntoIterator<Item = (u64, bool)>,
+        requeue: bool,
+    ) -> Result<(), WireError> {
+        self.send_methods(nacks.into_iter().map(|(delivery_tag, multiple)| {
+            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                delivery_tag,
+                multiple,
+                requeue,
+            }))
+        }))
+    }
+
+    /// Publishes `body` with `properties` to `exchange` with `routing_key`, on a channel in
+    /// confirm mode ([`Channel::confirm_select`]). The frames are queued now; the returned
+    /// future gives the broker's confirm. A `mandatory` publish the broker cannot route
+    /// goes to the [`Channel::on_return`] handler before its confirm.
+    pub fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: &BasicProperties,
+        body: &[u8],
+    ) -> Result<PendingConfirm, WireError> {
+        let (waiter, confirm) = oneshot::channel();
+        let mut state = self.shared.state();
+        if let Some(error) = &state.closed {
+            return Err(error.clone());
+        }
+        let id = self.shared.id;
+        let publish = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            mandatory,
+            immediate: false,
+        }));
+        let Some(confirms) = &mut state.confirms else {
+            return Err(WireError::Unexpected(
+                "a publish on a channel not in confirm mode".into(),
+            ));
+        };
+        self.inner.outbox.send(|frames| {
+            frames.method(id, publish)?;
+            frames.content(id, properties, body)
+        })?;
+        confirms.register(waiter);
+        Ok(PendingConfirm {
+            confirm,
+            channel: self.clone(),
+        })
+    }
+
+    /// How many publishes wait for their confirm.
+    pub fn unconfirmed(&self) -> usize {
+        self.shared
+            .state()
+            .confirms
+            .as_ref()
+            .map_or(0, Confirms::len)
+    }
+
+    /// Closes the channel (the broker gives back what it delivered and was not acked).
+    pub async fn close(&self) -> Result<(), WireError> {
+        let reply = self
+            .call(AMQPClass::Channel(channel::AMQPMethod::Close(
+                channel::Close {
+                    reply_code: 200,
+                    reply_text: "done".into(),
+                    class_id: 0,
+                    method_id: 0,
+                },
+            )))
+            .await?;
+        expect(reply, |m| {
+            matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
+        })
+    }
+
+    fn send_methods(&self, methods: impl Iterator<Item = AMQPClass>) -> Result<(), WireError> {
+        let state = self.shared.state();
+        if let Some(error) = &state.closed {
+            return Err(error.clone());
+        }
+        let id = self.shared.id;
+        self.inner.outbox.send(|frames| {
+            for method in methods {
+                frames.method(id, method)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Why a waiter was dropped unanswered: the channel's error, else the connection's.
+    fn gone(&self) -> WireError {
+        self.error()
+            .or_else(|| self.inner.error())
+            .unwrap_or(WireError::ChannelClosed)
+    }
+}
+
+fn expect(reply: AMQPClass, is_reply: impl Fn(&AMQPClass) -> bool) -> Result<(), WireError> {
+    if is_reply(&reply) {
+        Ok(())
+    } else {
+        Err(WireError::Unexpected(format!("{reply:?} as a reply")))
+    }
+}
+
+/// The broker's confirm of one publish, to come.
+pub struct PendingConfirm {
+    confirm: oneshot::Receiver<Result<Confirm, WireError>>,
+    channel: Channel,
+}
+
+impl Future for PendingConfirm {
+    type Output = Result<Confirm, WireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.confirm).poll(cx) {
+            Poll::Ready(Ok(answer)) => Poll::Ready(answer),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.channel.gone())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The deliveries to one consumer.
+pub struct Consumer {
+    tag: ShortString,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    channel: Channel,
+}
+
+impl Consumer {
+    /// The consumer's tag.
+    pub fn tag(&self) -> &ShortString {
+        &self.tag
+    }
+
+    /// The next delivery; `Err` once the consumer ends (cancelled, or its channel or
+    /// connection gone), with why.
+    pub async fn next(&mut self) -> Result<Delivery, WireError> {
+        match self.deliveries.recv().await {
+            Some(delivery) => Ok(delivery),
+            None => Err(self.channel.gone()),
+        }
+    }
+
+    /// Every delivery already here, up to `limit`, added to `into`; waits for one when
+    /// none is. `Err` as for [`Consumer::next`], when none came.
+    pub async fn next_many(
+        &mut self,
+        into: &mut Vec<Delivery>,
+        limit: usize,
+    ) -> Result<usize, WireError> {
+        match self.deliveries.recv_many(into, limit).await {
+            0 => Err(self.channel.gone()),
+            taken => Ok(taken),
+        }
+    }
+}

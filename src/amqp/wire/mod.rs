@@ -1,0 +1,395 @@
+//! A connection of the project's own: AMQP 0-9-1 with many channels, whose I/O runs as
+//! tasks on the caller's tokio runtime (one reads frames, one writes them). lapin runs its
+//! I/O on a thread of its own, so every frame in or out is a hand-off between that thread
+//! and the runtime's worker; here a frame read is handled on the reader task and a frame
+//! sent is queued for the writer task, which writes everything queued in one go.
+//!
+//! It reads and writes frames with amq-protocol, lapin's own codec, so properties and
+//! field tables are lapin's types. What it does: the handshake (PLAIN or EXTERNAL, over
+//! TLS when the URL says so), heartbeats, `connection.blocked`, channels, calls that wait
+//! for their reply, consumers, acks and nacks, publishes with their confirm and return, and
+//! errors: a channel the broker closes fails what waits on it, a connection that fails
+//! fails everything. What it does not do: recover. A failed connection stays failed; the
+//! caller opens a new one.
+
+mod channel;
+mod confirms;
+mod content;
+mod outbox;
+mod reader;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use amq_protocol::protocol::{AMQPClass, channel as channel_methods, connection};
+use futures::AsyncReadExt;
+use futures::io::BufReader;
+use lapin::uri::{AMQPScheme, AMQPUri};
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use channel::{Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned};
+
+use super::bare::{Bare, BareError, Tuned};
+use super::tls;
+use crate::config::BrokerUrl;
+use channel::ChannelShared;
+use outbox::Outbox;
+
+/// The frame type of a content header.
+const FRAME_HEADER: u8 = 2;
+/// The frame type of a content body.
+const FRAME_BODY: u8 = 3;
+/// The frame type of a heartbeat.
+const FRAME_HEARTBEAT: u8 = 8;
+/// The byte that ends every frame.
+const FRAME_END: u8 = 0xCE;
+/// How long [`Connection::close`] waits for the broker's answer.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+/// Bytes read from the socket at a time.
+const READ_BUFFER: usize = 128 * 1024;
+
+/// Why a connection or a channel failed. Clones go to everything that waited on it.
+#[derive(Debug, Clone, Error)]
+pub enum WireError {
+    /// The socket failed or ended.
+    #[error("the connection to the broker failed: {0}")]
+    Io(Arc<io::Error>),
+    /// The broker closed the connection or the channel.
+    #[error("the broker closed the {what}: {code} {text}")]
+    Closed {
+        /// `connection` or `channel`.
+        what: &'static str,
+        /// The reply code.
+        code: u16,
+        /// The reply text.
+        text: String,
+    },
+    /// The broker sent a frame this client cannot read (a short string that is not UTF-8,
+    /// say). The connection is failed, as lapin fails it.
+    #[error("the broker sent a frame this client cannot read: {0}")]
+    Unreadable(String),
+    /// The broker sent something out of place.
+    #[error("unexpected from the broker: {0}")]
+    Unexpected(String),
+    /// Nothing came from the broker for two heartbeat intervals.
+    #[error("nothing from the broker for {0:?} (two heartbeat intervals)")]
+    MissedHeartbeats(Duration),
+    /// The connection was closed here.
+    #[error("the connection was closed")]
+    ConnectionClosed,
+    /// The channel was closed here.
+    #[error("the channel was closed")]
+    ChannelClosed,
+    /// No channel number is free.
+    #[error("every channel number the broker allows is in use")]
+    NoChannelFree,
+    /// The broker URL or its TLS files.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl WireError {
+    fn io(error: io::Error) -> Self {
+        Self::Io(Arc::new(error))
+    }
+
+    /// True for a channel error: the channel is gone, the connection is not.
+    pub fn is_channel_error(&self) -> bool {
+        matches!(
+            self,
+            Self::Closed {
+                what: "channel",
+                ..
+            } | Self::ChannelClosed
+        )
+    }
+}
+
+impl From<BareError> for WireError {
+    fn from(error: BareError) -> Self {
+        match error {
+            BareError::Io(error) => Self::io(error),
+            BareError::Closed { what, code, text } => Self::Closed { what, code, text },
+            BareError::Unexpected(what) => Self::Unexpected(what),
+            BareError::Setup(what) => Self::Setup(what),
+        }
+    }
+}
+
+/// What the connection's tasks and handles share.
+pub(super) struct Inner {
+    outbox: Outbox,
+    channels: Mutex<Channels>,
+    /// The first reason the connection failed; set once.
+    failure: OnceLock<WireError>,
+    /// Cancelled when the connection failed: the writer and the heartbeat stop.
+    stop: CancellationToken,
+    /// True while the broker blocks publishing (a resource alarm).
+    blocked: watch::Sender<bool>,
+    tuned: Tuned,
+    /// When the connection opened, and milliseconds after it that the last frame came.
+    opened: Instant,
+    heard_at_ms: AtomicU64,
+}
+
+struct Channels {
+    open: HashMap<u16, Arc<ChannelShared>>,
+    /// The number tried first for the next channel (numbers are not reused at once).
+    next: u16,
+}
+
+impl Inner {
+    /// Fails the connection with `error` (the first reason stays).
+    fn fail(&self, error: WireError) {
+        let error = self.failure.get_or_init(|| error).clone();
+        self.outbox.close(&error);
+        self.stop.cancel();
+        let channels: Vec<_> = {
+            let mut channels = self.channels.lock().expect("channels lock");
+            channels.open.drain().map(|(_, shared)| shared).collect()
+        };
+        for shared in channels {
+            shared.fail(&error);
+        }
+        self.blocked.send_replace(false);
+    }
+
+    /// Why the connection failed, once it has.
+    fn error(&self) -> Option<WireError> {
+        self.failure.get().cloned()
+    }
+
+    fn channel(&self, id: u16) -> Option<Arc<ChannelShared>> {
+        let channels = self.channels.lock().expect("channels lock");
+        channels.open.get(&id).cloned()
+    }
+
+    fn forget_channel(&self, id: u16) {
+        let mut channels = self.channels.lock().expect("channels lock");
+        channels.open.remove(&id);
+    }
+
+    /// Notes that a frame came now.
+    fn heard(&self) {
+        let elapsed = self.opened.elapsed().as_millis() as u64;
+        self.heard_at_ms.store(elapsed, Ordering::Relaxed);
+    }
+
+    fn silent_for(&self) -> Duration {
+        let elapsed = self.opened.elapsed().as_millis() as u64;
+        Duration::from_millis(elapsed.saturating_sub(self.heard_at_ms.load(Ordering::Relaxed)))
+    }
+
+    /// A method the broker sent on channel 0.
+    fn on_connection_method(&self, method: AMQPClass) -> Result<(), WireError> {
+        match method {
+            AMQPClass::Connection(connection::AMQPMethod::Close(close)) => {
+                let _ = self.outbox.send(|frames| {
+                    frames.method(
+                        0,
+                        AMQPClass::Connection(connection::AMQPMethod::CloseOk(
+                            connection::CloseOk {},
+                        )),
+                    )
+                });
+                Err(WireError::Closed {
+                    what: "connection",
+                    code: close.reply_code,
+                    text: close.reply_text.to_string(),
+                })
+            }
+            AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => {
+                Err(WireError::ConnectionClosed)
+            }
+            AMQPClass::Connection(connection::AMQPMethod::Blocked(_)) => {
+                self.blocked.send_replace(true);
+                Ok(())
+            }
+            AMQPClass::Connection(connection::AMQPMethod::Unblocked(_)) => {
+                self.blocked.send_replace(false);
+                Ok(())
+            }
+            other => Err(WireError::Unexpected(format!("{other:?} on channel 0"))),
+        }
+    }
+}
+
+/// An open connection. Clones share it; when the last clone is dropped the connection
+/// ends (its channels with it).
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+    _end_when_dropped: Arc<tokio_util::sync::DropGuard>,
+}
+
+impl Connection {
+    /// Connects to `url` as `name` (shown in the management UI), asking for a heartbeat
+    /// every `heartbeat` (at most; `0` for none), and starts the reader and writer tasks on
+    /// the current tokio runtime.
+    pub async fn open(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
+        let uri: AMQPUri = url
+            .expose()
+            .parse()
+            .map_err(|e| WireError::Setup(format!("the broker URL: {e}")))?;
+        let tls = match (url.tls(), &uri.scheme) {
+            (Some(files), _) => Some((
+                tls::read(files).map_err(|e| WireError::Setup(e.to_string()))?,
+                files.server_name.clone(),
+            )),
+            (None, AMQPScheme::AMQPS) => Some((Default::default(), None)),
+            (None, AMQPScheme::AMQP) => None,
+        };
+        let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
+        let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config))
+            .await
+            .map_err(WireError::io)?;
+        let heartbeat = u16::try_from(heartbeat.as_secs()).unwrap_or(u16::MAX);
+        let (bare, tuned) = Bare::handshake(stream, &uri, name, heartbeat).await?;
+        let (reads, writes) = bare.into_stream().split();
+        let inner = Arc::new(Inner {
+            outbox: Outbox::new(tuned.frame_max),
+            channels: Mutex::new(Channels {
+                open: HashMap::new(),
+                next: 1,
+            }),
+            failure: OnceLock::new(),
+            stop: CancellationToken::new(),
+            blocked: watch::Sender::new(false),
+            tuned,
+            opened: Instant::now(),
+            heard_at_ms: AtomicU64::new(0),
+        });
+        let reading = inner.clone();
+        tokio::spawn(async move {
+            let error =
+                reader::read_frames(&reading, BufReader::with_capacity(READ_BUFFER, reads)).await;
+            reading.fail(error);
+        });
+        let writing = inner.clone();
+        tokio::spawn(async move {
+            if let Err(error) = writing.outbox.write_to(writes, &writing.stop).await {
+                writing.fail(error);
+            }
+        });
+        if tuned.heartbeat > 0 {
+            tokio::spawn(beat(
+                inner.clone(),
+                Duration::from_secs(tuned.heartbeat.into()),
+            ));
+        }
+        let end = inner.stop.clone().drop_guard();
+        Ok(Self {
+            inner,
+            _end_when_dropped: Arc::new(end),
+        })
+    }
+
+    /// Opens a channel.
+    pub async fn open_channel(&self) -> Result<Channel, WireError> {
+        let shared = {
+            let mut channels = self.inner.channels.lock().expect("channels lock");
+            if let Some(error) = self.inner.error() {
+                return Err(error);
+            }
+            let max = self.inner.tuned.channel_max;
+            let id = (0..max)
+                .map(|step| {
+                    ((u32::from(channels.next) - 1 + u32::from(step)) % u32::from(max)) as u16 + 1
+                })
+                .find(|id| !channels.open.contains_key(id))
+                .ok_or(WireError::NoChannelFree)?;
+            channels.next = id % max + 1;
+            let shared = Arc::new(ChannelShared::new(id));
+            channels.open.insert(id, shared.clone());
+            shared
+        };
+        let channel = Channel {
+            shared,
+            inner: self.inner.clone(),
+        };
+        let reply = channel
+            .call(AMQPClass::Channel(channel_methods::AMQPMethod::Open(
+                channel_methods::Open {},
+            )))
+            .await?;
+        match reply {
+            AMQPClass::Channel(channel_methods::AMQPMethod::OpenOk(_)) => Ok(channel),
+            other => Err(WireError::Unexpected(format!(
+                "{other:?} (channel.open-ok)"
+            ))),
+        }
+    }
+
+    /// True until the connection fails or is closed.
+    pub fn is_open(&self) -> bool {
+        self.inner.failure.get().is_none()
+    }
+
+    /// Why the connection failed, once it has.
+    pub fn error(&self) -> Option<WireError> {
+        self.inner.error()
+    }
+
+    /// Resolves once the connection has failed or been closed, with why.
+    pub async fn failed(&self) -> WireError {
+        self.inner.stop.cancelled().await;
+        self.inner.error().unwrap_or(WireError::ConnectionClosed)
+    }
+
+    /// True while the broker blocks publishing on this connection (a resource alarm), and
+    /// changes as it does.
+    pub fn blocked(&self) -> watch::Receiver<bool> {
+        self.inner.blocked.subscribe()
+    }
+
+    /// The limits agreed with the broker.
+    pub fn tuned(&self) -> Tuned {
+        self.inner.tuned
+    }
+
+    /// Closes the connection: the broker gives back what it delivered and was not acked,
+    /// and everything still waiting fails with [`WireError::ConnectionClosed`].
+    pub async fn close(&self) {
+        let sent = self.inner.outbox.send(|frames| {
+            frames.method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+                    reply_code: 200,
+                    reply_text: "done".into(),
+                    class_id: 0,
+                    method_id: 0,
+                })),
+            )
+        });
+        if sent.is_ok() {
+            let _ = tokio::time::timeout(CLOSE_WITHIN, self.inner.stop.cancelled()).await;
+        }
+        self.inner.fail(WireError::ConnectionClosed);
+    }
+}
+
+/// Sends a heartbeat every half `interval` and fails the connection after two intervals
+/// with nothing from the broker.
+async fn beat(inner: Arc<Inner>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval / 2);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        if inner.silent_for() > interval * 2 {
+            inner.fail(WireError::MissedHeartbeats(interval * 2));
+            return;
+        }
+        let _ = inner.outbox.send(|frames| {
+            frames.heartbeat();
+            Ok(())
+        });
+    }
+}

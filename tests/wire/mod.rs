@@ -1,0 +1,353 @@
+//! The project's own connection (`delay_bridge::amqp::wire`) on the real broker: what it
+//! carries comes out as sent, every publish learns its own confirm, a return reaches its
+//! handler before the confirm of its publish (proved by counts under concurrency), a
+//! channel error stays on its channel, and a connection the broker closes fails every
+//! waiter.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amq_protocol::protocol::{AMQPClass, exchange};
+use delay_bridge::amqp::wire::{Confirm, Connection, WireError};
+use delay_bridge::config::BrokerUrl;
+use lapin::BasicProperties;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, ByteArray, FieldArray, FieldTable, LongString, ShortString};
+
+use crate::support::*;
+
+/// How long any single wait of these tests may take.
+const WITHIN: Duration = Duration::from_secs(20);
+
+async fn open(name: &str) -> Connection {
+    let url = BrokerUrl::parse(&broker_url()).expect("the test URL");
+    tokio::time::timeout(
+        WITHIN,
+        Connection::open(&url, name, Duration::from_secs(60)),
+    )
+    .await
+    .expect("opened in time")
+    .expect("the test broker answers (run scripts/broker.sh)")
+}
+
+/// A queue of the test's own (lapin declares and deletes it, so that what is tested is
+/// only the connection's traffic).
+struct TestQueue {
+    name: String,
+    lapin: lapin::Connection,
+}
+
+impl TestQueue {
+    async fn declare(test: &str) -> Self {
+        let lapin = connect().await;
+        let name = unique_prefix(test);
+        let channel = lapin.create_channel().await.unwrap();
+        channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Self { name, lapin }
+    }
+
+    async fn messages(&self) -> u64 {
+        let channel = self.lapin.create_channel().await.unwrap();
+        delay_bridge::amqp::queue_counts(&channel, &self.name)
+            .await
+            .unwrap()
+            .messages
+    }
+
+    async fn delete(self) {
+        let channel = self.lapin.create_channel().await.unwrap();
+        channel
+            .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        let _ = self.lapin.close(200, "done".into()).await;
+    }
+}
+
+fn every_kind_of_property() -> BasicProperties {
+    let mut nested = FieldTable::default();
+    nested.insert("n".into(), AMQPValue::LongLongInt(-7));
+    let mut headers = FieldTable::default();
+    headers.insert("text".into(), text("é ✓"));
+    headers.insert(
+        "binary".into(),
+        AMQPValue::LongString(LongString::from(vec![0xff, 0xfe, 0x00, 0x80])),
+    );
+    headers.insert(
+        "bytes".into(),
+        AMQPValue::ByteArray(ByteArray::from(vec![1, 2, 3])),
+    );
+    headers.insert("bool".into(), AMQPValue::Boolean(true));
+    headers.insert("int".into(), AMQPValue::LongInt(-42));
+    headers.insert("double".into(), AMQPValue::Double(2.5));
+    headers.insert("timestamp".into(), AMQPValue::Timestamp(1_700_000_000));
+    headers.insert("table".into(), AMQPValue::FieldTable(nested.clone()));
+    headers.insert(
+        "array".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![
+            AMQPValue::FieldTable(nested),
+            AMQPValue::Void,
+        ])),
+    );
+    BasicProperties::default()
+        .with_content_type("application/x-test".into())
+        .with_content_encoding("identity".into())
+        .with_headers(headers)
+        .with_delivery_mode(2)
+        .with_priority(4)
+        .with_correlation_id("corr".into())
+        .with_reply_to("reply".into())
+        .with_expiration("600000".into())
+        .with_message_id("id-1".into())
+        .with_timestamp(1_700_000_001)
+        .with_type("kind".into())
+        .with_user_id("guest".into())
+        .with_app_id("app".into())
+}
+
+#[tokio::test]
+async fn what_it_publishes_and_consumes_comes_out_as_sent() {
+    let queue = TestQueue::declare("wire-roundtrip").await;
+    let connection = open("delay-bridge test wire roundtrip").await;
+    let publishing = connection.open_channel().await.unwrap();
+    publishing.confirm_select().await.unwrap();
+    let properties = every_kind_of_property();
+    // Larger than a frame (128 KiB): it travels in several body frames each way.
+    let large: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    for body in [&b""[..], b"small", &large] {
+        let confirm = publishing
+            .publish("", &queue.name, true, &properties, body)
+            .unwrap();
+        assert_eq!(confirm.await.unwrap(), Confirm::Ack);
+    }
+    let consuming = connection.open_channel().await.unwrap();
+    consuming.qos(10).await.unwrap();
+    let mut consumer = consuming
+        .consume(&queue.name, "", FieldTable::default())
+        .await
+        .unwrap();
+    for body in [&b""[..], b"small", &large] {
+        let delivery = tokio::time::timeout(WITHIN, consumer.next())
+            .await
+            .expect("delivered in time")
+            .unwrap();
+        assert_eq!(delivery.body, body);
+        assert_eq!(delivery.properties, properties);
+        assert_eq!(delivery.routing_key.as_str(), queue.name);
+        assert!(!delivery.redelivered);
+        consuming.ack([(delivery.delivery_tag, false)]).unwrap();
+    }
+    connection.close().await;
+    assert!(!connection.is_open());
+    queue.delete().await;
+}
+
+#[tokio::test]
+async fn a_nacked_delivery_comes_back_redelivered_and_a_multiple_ack_settles_the_rest() {
+    let queue = TestQueue::declare("wire-acks").await;
+    let connection = open("delay-bridge test wire acks").await;
+    let publishing = connection.open_channel().await.unwrap();
+    publishing.confirm_select().await.unwrap();
+    let mut confirms = Vec::new();
+    for i in 0..5u8 {
+        confirms.push(
+            publishing
+                .publish("", &queue.name, false, &BasicProperties::default(), &[i])
+                .unwrap(),
+        );
+    }
+    for confirm in confirms {
+        assert_eq!(confirm.await.unwrap(), Confirm::Ack);
+    }
+    let consuming = connection.open_channel().await.unwrap();
+    consuming.qos(10).await.unwrap();
+    let mut consumer = consuming
+        .consume(&queue.name, "", FieldTable::default())
+        .await
+        .unwrap();
+    let mut first = Vec::new();
+    for _ in 0..5 {
+        first.push(
+            tokio::time::timeout(WITHIN, consumer.next())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    consuming
+        .nack([(first[0].delivery_tag, false)], true)
+        .unwrap();
+    let again = tokio::time::timeout(WITHIN, consumer.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.redelivered);
+    assert_eq!(again.body, first[0].body);
+    consuming.ack([(again.delivery_tag, true)]).unwrap();
+    // Everything acked: after a close and reopen the queue is empty.
+    connection.close().await;
+    assert_eq!(queue.messages().await, 0, "every delivery was acked");
+    queue.delete().await;
+}
+
+#[tokio::test]
+async fn every_return_reaches_its_handler_before_the_confirm_of_its_publish() {
+    const TASKS: usize = 6;
+    const EACH: usize = 1_000;
+    let queue = TestQueue::declare("wire-returns").await;
+    let connection = open("delay-bridge test wire returns").await;
+    let channel = connection.open_channel().await.unwrap();
+    channel.confirm_select().await.unwrap();
+    let returned: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let seen = returned.clone();
+    channel.on_return(Box::new(move |message| {
+        let id = message.properties.message_id().clone().unwrap();
+        assert!(
+            seen.lock().unwrap().insert(id.to_string()),
+            "returned twice"
+        );
+    }));
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..TASKS {
+        let channel = channel.clone();
+        let queue = queue.name.clone();
+        let returned = returned.clone();
+        tasks.spawn(async move {
+            let mut returns_before_confirm = 0;
+            for i in 0..EACH {
+                let id = format!("{task}-{i}");
+                let unroutable = i % 3 == 0;
+                let key = if unroutable { "nowhere-at-all" } else { &queue };
+                let properties = BasicProperties::default().with_message_id(id.as_str().into());
+                let confirm = channel
+                    .publish("", key, true, &properties, id.as_bytes())
+                    .unwrap();
+                assert_eq!(confirm.await.unwrap(), Confirm::Ack);
+                let was_returned = returned.lock().unwrap().contains(&id);
+                assert_eq!(was_returned, unroutable, "publish {id}");
+                returns_before_confirm += usize::from(was_returned);
+                if i % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            returns_before_confirm
+        });
+    }
+    let mut returns_before_confirm = 0;
+    while let Some(counted) = tasks.join_next().await {
+        returns_before_confirm += counted.unwrap();
+    }
+    let unroutable = TASKS * EACH.div_ceil(3);
+    assert_eq!(returns_before_confirm, unroutable);
+    assert_eq!(returned.lock().unwrap().len(), unroutable);
+    assert_eq!(channel.unconfirmed(), 0);
+    assert_eq!(queue.messages().await as usize, TASKS * EACH - unroutable);
+    connection.close().await;
+    queue.delete().await;
+}
+
+#[tokio::test]
+async fn a_channel_error_fails_its_channel_and_leaves_the_others_working() {
+    let queue = TestQueue::declare("wire-channel-error").await;
+    let connection = open("delay-bridge test wire channel error").await;
+    let doomed = connection.open_channel().await.unwrap();
+    let working = connection.open_channel().await.unwrap();
+    working.confirm_select().await.unwrap();
+    let missing = AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+        exchange: ShortString::from(format!("{}-missing", queue.name)),
+        kind: "direct".into(),
+        passive: true,
+        durable: false,
+        auto_delete: false,
+        internal: false,
+        nowait: false,
+        arguments: FieldTable::default(),
+    }));
+    match doomed.call(missing).await {
+        Err(WireError::Closed {
+            what: "channel",
+            code: 404,
+            ..
+        }) => {}
+        other => panic!("expected a 404 channel error, got {other:?}"),
+    }
+    assert!(!doomed.is_open());
+    assert!(doomed.error().unwrap().is_channel_error());
+    assert!(
+        doomed.qos(1).await.is_err(),
+        "a closed channel refuses calls"
+    );
+    let confirm = working
+        .publish("", &queue.name, true, &BasicProperties::default(), b"still")
+        .unwrap();
+    assert_eq!(confirm.await.unwrap(), Confirm::Ack);
+    assert!(connection.is_open());
+    // A new channel opens beside them.
+    let fresh = connection.open_channel().await.unwrap();
+    fresh.qos(5).await.unwrap();
+    fresh.close().await.unwrap();
+    assert!(!fresh.is_open());
+    connection.close().await;
+    queue.delete().await;
+}
+
+#[tokio::test]
+async fn a_connection_the_broker_closes_fails_every_waiter() {
+    let queue = TestQueue::declare("wire-closed").await;
+    let name = format!("delay-bridge test wire closed {}", queue.name);
+    let connection = open(&name).await;
+    let channel = connection.open_channel().await.unwrap();
+    channel.qos(10).await.unwrap();
+    let mut consumer = channel
+        .consume(&queue.name, "", FieldTable::default())
+        .await
+        .unwrap();
+    let closer = tokio::task::spawn_blocking(move || close_connections_named(&name));
+    let ended = tokio::time::timeout(WITHIN, consumer.next())
+        .await
+        .expect("the consumer ends in time");
+    assert_eq!(closer.await.unwrap(), 1);
+    match ended {
+        Err(WireError::Closed {
+            what: "connection",
+            code: 320,
+            ..
+        }) => {}
+        other => panic!("expected the broker's 320, got {other:?}"),
+    }
+    let failed = tokio::time::timeout(WITHIN, connection.failed())
+        .await
+        .expect("failed() resolves");
+    assert!(matches!(failed, WireError::Closed { code: 320, .. }));
+    assert!(channel.qos(1).await.is_err());
+    assert!(connection.open_channel().await.is_err());
+    queue.delete().await;
+}
+
+#[tokio::test]
+async fn heartbeats_keep_an_idle_connection_open() {
+    let url = BrokerUrl::parse(&broker_url()).expect("the test URL");
+    let connection = Connection::open(
+        &url,
+        "delay-bridge test wire heartbeat",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(connection.tuned().heartbeat, 1);
+    // The broker closes a connection that sends nothing for two intervals; it stays open
+    // for three times as long, idle but for heartbeats.
+    let idle = tokio::time::timeout(Duration::from_secs(6), connection.failed()).await;
+    assert!(idle.is_err(), "the connection failed: {:?}", idle.unwrap());
+    let channel = connection.open_channel().await.unwrap();
+    channel.qos(1).await.unwrap();
+    connection.close().await;
+}
