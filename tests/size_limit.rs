@@ -71,7 +71,10 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
     let limit = SizeLimit::lower_to(16 << 10);
     // The bridge's channels were opened under the old limit; its next session's are not.
     let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
-    assert_eq!(closed, 1, "the bridge's connection was found and closed");
+    assert_eq!(
+        closed, 2,
+        "the bridge's two connections (publishing, consuming) were found and closed"
+    );
 
     let parked = w.parked_within(30 * SEC).await;
     assert_eq!(

@@ -46,6 +46,14 @@ pub enum BridgeError {
         /// The client error.
         source: lapin::Error,
     },
+    /// Consuming or acking failed mid-session (connection or channel lost).
+    #[error("{what}: {source}")]
+    Wire {
+        /// What the bridge was doing.
+        what: &'static str,
+        /// The connection's error.
+        source: crate::amqp::wire::WireError,
+    },
     /// A publish on the bridge's own channel got no answer (channel lost, or no confirm
     /// within `bridge.confirm_timeout`).
     #[error("{what}: {source}")]
@@ -82,6 +90,9 @@ impl BridgeError {
     /// delivery with a short string that is not UTF-8 (see [`crate::amqp::unreadable`]).
     fn is_unreadable_frame(&self) -> bool {
         let source = match self {
+            BridgeError::Wire { source, .. } => {
+                return matches!(source, crate::amqp::wire::WireError::Unreadable(_));
+            }
             BridgeError::Broker { source, .. } => source,
             BridgeError::Publish {
                 source: amqp::PublishError::Broker(source),
@@ -94,6 +105,10 @@ impl BridgeError {
 
     fn broker(what: &'static str) -> impl FnOnce(lapin::Error) -> BridgeError {
         move |source| BridgeError::Broker { what, source }
+    }
+
+    fn wire(what: &'static str) -> impl FnOnce(crate::amqp::wire::WireError) -> BridgeError {
+        move |source| BridgeError::Wire { what, source }
     }
 
     fn publish(
@@ -449,13 +464,22 @@ impl Bridge {
             }
         });
         self.shared.topology.declare(&connection).await?;
+        let consuming = crate::amqp::wire::Connection::open(
+            url,
+            &format!("delay-bridge {} consumer", config.names.prefix()),
+            WIRE_HEARTBEAT,
+        )
+        .await
+        .map_err(BridgeError::wire("connecting the consumer"))?;
         let result = session::run(
             self.shared.clone(),
             connection.clone(),
+            &consuming,
             shutdown,
             &self.ready_tx,
         )
         .await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, consuming.close()).await;
         // A broker under a resource alarm reads nothing, not even a close.
         if !connection.status().blocked() {
             let _ = tokio::time::timeout(
@@ -467,6 +491,10 @@ impl Bridge {
         result
     }
 }
+
+/// The heartbeat the consumer's connection asks for (lapin takes the broker's, 60 s by
+/// default).
+const WIRE_HEARTBEAT: Duration = Duration::from_secs(60);
 
 /// How long a sweep for unreadable deliveries may take.
 const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,15 +1,14 @@
-//! One session on one connection: consume the work queue, hand each delivery to a
-//! [`Carrier`], fold what carriers report into batched acks, and drain on shutdown. This is
-//! the only place that acks.
+//! One session on two connections: consume the work queue on the project's own connection
+//! ([`crate::amqp::wire`]), hand each delivery to a [`Carrier`] (which publishes on
+//! lapin's), fold what carriers report into batched acks, and drain on shutdown. This is the
+//! only place that acks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::Connection;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, Consumer};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -18,29 +17,31 @@ use super::budget::{ByteBudget, Retune};
 use super::carrier::{Carrier, Event, Outcome};
 use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths};
 use crate::amqp::publisher::Publisher;
+use crate::amqp::wire::{self, Channel, Consumer, Delivery, Settle, WireError};
 
 /// Most carrier events folded into one batch of acks (bounds the time the loop spends away
 /// from the consumer).
 const MAX_EVENT_BATCH: usize = 4096;
 
-/// Runs one session on `connection` until shutdown drains it (`Ok`) or something breaks
-/// (`Err`: the caller reconnects).
+/// Runs one session, consuming on `consuming` and publishing on `connection`, until
+/// shutdown drains it (`Ok`) or something breaks (`Err`: the caller reconnects).
 pub(super) async fn run(
     shared: Arc<Shared>,
     connection: Arc<Connection>,
+    consuming: &wire::Connection,
     shutdown: &CancellationToken,
     ready: &watch::Sender<bool>,
 ) -> Result<(), BridgeError> {
     let config = &shared.config;
-    let consume = connection
-        .create_channel()
+    let consume = consuming
+        .open_channel()
         .await
-        .map_err(BridgeError::broker("opening the consumer channel"))?;
+        .map_err(BridgeError::wire("opening the consumer channel"))?;
     let budget = ByteBudget::new(config.max_unacked_bytes, config.prefetch);
     consume
-        .basic_qos(budget.window(), BasicQosOptions::default())
+        .qos(budget.window())
         .await
-        .map_err(BridgeError::broker("setting prefetch"))?;
+        .map_err(BridgeError::wire("setting prefetch"))?;
     let publish = Publisher::open(&connection, config.confirm_timeout)
         .await
         .map_err(BridgeError::broker("opening the publisher channel"))?;
@@ -90,10 +91,7 @@ pub(super) async fn run(
         // Close our channels before the connection closes, so nothing is cut mid-frame
         // (bounded: a broker that blocks now reads nothing).
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-            let _ = session
-                .consume
-                .close(200, "delay-bridge stopping".into())
-                .await;
+            let _ = session.consume.close().await;
             session.carrier.close().await;
         })
         .await;
@@ -113,14 +111,13 @@ async fn consume_work_queue(
     consumer_tag: &str,
 ) -> Result<Consumer, BridgeError> {
     consume
-        .basic_consume(
-            shared.config.names.work_queue().as_str().into(),
-            consumer_tag.into(),
-            BasicConsumeOptions::default(),
+        .consume(
+            &shared.config.names.work_queue(),
+            consumer_tag,
             FieldTable::default(),
         )
         .await
-        .map_err(BridgeError::broker("consuming the work queue"))
+        .map_err(BridgeError::wire("consuming the work queue"))
 }
 
 /// The state of one session.
@@ -170,7 +167,7 @@ impl Session {
                 biased;
                 Some(event) = self.events.recv() => self.settle(event).await?,
                 next = next_delivery(&mut self.consumer), if self.consuming && self.consumer.is_some() => match next {
-                    Some(Ok(delivery)) => {
+                    Ok(Some(delivery)) => {
                         self.shared.stats.consumed.fetch_add(1, Ordering::Relaxed);
                         self.tracker.delivered(delivery.delivery_tag);
                         self.shared
@@ -188,13 +185,13 @@ impl Session {
                             self.replace_consumer(retune);
                         }
                     }
-                    Some(Err(e)) => return Err(BridgeError::broker("consuming")(e)),
+                    Err(e) => return Err(BridgeError::wire("consuming")(e)),
                     // A consumer this session cancelled has handed over its last delivery.
-                    None if self.replacing => {
+                    Ok(None) if self.replacing => {
                         self.consumer = None;
                         self.resume().await?;
                     }
-                    None => {
+                    Ok(None) => {
                         return Err(BridgeError::ConsumerEnded(
                             "the broker cancelled the consumer".into(),
                         ));
@@ -281,7 +278,7 @@ impl Session {
         stats
             .in_flight
             .store(self.tracker.outstanding() as u64, Ordering::Relaxed);
-        apply(&self.consume, AckTracker::compact(ops)).await?;
+        apply(&self.consume, AckTracker::compact(ops))?;
         match failure {
             Some(error) => Err(error),
             None => self.resume().await,
@@ -303,12 +300,9 @@ impl Session {
         }
         self.replacing = true;
         let channel = self.consume.clone();
-        let tag = self.consumer_tag.clone();
+        let tag = self.consumer_tag.as_str().into();
         tokio::spawn(async move {
-            if let Err(e) = channel
-                .basic_cancel(tag.as_str().into(), Default::default())
-                .await
-            {
+            if let Err(e) = channel.cancel(&tag).await {
                 // The channel is gone: the session learns it from the consumer.
                 tracing::debug!(error = %e, "cancelling the consumer");
             }
@@ -328,9 +322,9 @@ impl Session {
         }
         let window = self.budget.window();
         self.consume
-            .basic_qos(window, BasicQosOptions::default())
+            .qos(window)
             .await
-            .map_err(BridgeError::broker("setting prefetch"))?;
+            .map_err(BridgeError::wire("setting prefetch"))?;
         self.consumer_tag = consumer_tag(self.consumers_started);
         self.consumers_started += 1;
         self.consumer =
@@ -353,8 +347,7 @@ impl Session {
         if !self.replacing && !self.connection.status().blocked() {
             let _ = tokio::time::timeout(
                 CLOSE_TIMEOUT,
-                self.consume
-                    .basic_cancel(self.consumer_tag.as_str().into(), Default::default()),
+                self.consume.cancel(&self.consumer_tag.as_str().into()),
             )
             .await;
         }
@@ -363,9 +356,7 @@ impl Session {
 }
 
 /// The consumer's next delivery (pending while there is none).
-async fn next_delivery(
-    consumer: &mut Option<Consumer>,
-) -> Option<Result<lapin::message::Delivery, lapin::Error>> {
+async fn next_delivery(consumer: &mut Option<Consumer>) -> Result<Option<Delivery>, WireError> {
     match consumer {
         Some(consumer) => consumer.next().await,
         None => std::future::pending().await,
@@ -389,55 +380,29 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Sends acks and requeues, in `ops`' order, and waits until the client has written them.
-/// Any error means the channel is gone, and the broker redelivers everything unacked.
-///
-/// Every frame is queued before any is waited on: the client's I/O thread then writes the
-/// whole batch at once (one wake-up for it and one read for the broker), where waiting on
-/// each in turn cost a round trip to that thread per single ack. lapin queues a method's
-/// frame when its call is first polled, so polling each call once, in order, keeps the
-/// broker's order; an ack that overtook a requeue or a single ack it covers would close
-/// the channel, which the no-loss tests would see as redeliveries.
-async fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
-    let mut queued = Vec::with_capacity(ops.len());
-    for op in ops {
-        let mut sent = Box::pin(send(channel, op));
-        match futures::poll!(sent.as_mut()) {
-            std::task::Poll::Ready(result) => {
-                result.map_err(BridgeError::broker("acknowledging"))?
-            }
-            std::task::Poll::Pending => queued.push(sent),
-        }
+/// Sends acks and requeues, in `ops`' order, in one write. Any error means the channel is
+/// gone, and the broker redelivers everything unacked. The order matters: an ack that
+/// overtook a requeue or a single ack it covers would close the channel, which the no-loss
+/// tests would see as redeliveries.
+fn apply(channel: &Channel, ops: Vec<AckOp>) -> Result<(), BridgeError> {
+    if ops.is_empty() {
+        return Ok(());
     }
-    futures::future::try_join_all(queued)
-        .await
-        .map_err(BridgeError::broker("acknowledging"))?;
-    Ok(())
-}
-
-/// The ack or requeue `op` on `channel`.
-async fn send(channel: &Channel, op: AckOp) -> Result<(), lapin::Error> {
-    match op {
-        AckOp::Multiple(tag) => {
-            channel
-                .basic_ack(tag, BasicAckOptions { multiple: true })
-                .await
-        }
-        AckOp::Single(tag) => {
-            channel
-                .basic_ack(tag, BasicAckOptions { multiple: false })
-                .await
-        }
-        AckOp::Requeue(tag) => {
-            channel
-                .basic_nack(
-                    tag,
-                    BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    },
-                )
-                .await
-        }
-    }
+    channel
+        .settle(ops.into_iter().map(|op| match op {
+            AckOp::Multiple(tag) => Settle::Ack {
+                tag,
+                multiple: true,
+            },
+            AckOp::Single(tag) => Settle::Ack {
+                tag,
+                multiple: false,
+            },
+            AckOp::Requeue(tag) => Settle::Nack {
+                tag,
+                multiple: false,
+                requeue: true,
+            },
+        }))
+        .map_err(BridgeError::wire("acknowledging"))
 }

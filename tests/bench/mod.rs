@@ -255,10 +255,10 @@ async fn bench_client_relay_smoke() {
 /// Every client relayed every message once, and their costs were measured.
 fn assert_client_relay(json: &Value) {
     assert_eq!(json["count"], 500, "{json}");
-    for client in ["lapin", "amqprs", "bare"] {
+    for client in ["lapin", "amqprs", "bare", "wire"] {
         let relay = &json[client];
         assert!(relay["msg_per_s"].as_f64().unwrap() > 0.0, "{json}");
-        // /proc counts CPU time in 10-ms ticks: 500 messages through the bare relay (a few
+        // /proc counts CPU time in 10-ms ticks: 500 messages through the bare or wire relay (a few
         // microseconds each on a fast machine) may take less than one, so only lapin's
         // figure (tens of milliseconds a pass) must be above zero.
         let cpu = relay["relay_cpu_us_per_msg"].as_f64().unwrap();
@@ -274,7 +274,7 @@ fn assert_client_relay(json: &Value) {
         assert_eq!(relay["duplicates"], 0, "{json}");
         assert_eq!(relay["left_unacked"], 0, "{json}");
     }
-    assert_targets(json, 3);
+    assert_targets(json, 4);
     let targets = json["targets"].as_array().unwrap();
     assert!(targets.iter().all(|t| t["verdict"] == "PASS"), "{json}");
 }

@@ -543,6 +543,17 @@ pub fn rabbitmqctl() -> std::process::Command {
 /// (needs `rabbitmqctl` and the broker's Erlang cookie, i.e. root on a local broker).
 /// Returns how many it closed.
 pub fn close_connections_named(name: &str) -> usize {
+    close_connections_where(|properties| properties.contains(name))
+}
+
+/// As [`close_connections_named`], for the connections named exactly `name`.
+pub fn close_connections_named_exactly(name: &str) -> usize {
+    // rabbitmqctl prints the property as `{"connection_name","<name>"}`.
+    let quoted = format!("\"{name}\"}}");
+    close_connections_where(|properties| properties.contains(&quoted))
+}
+
+fn close_connections_where(matches: impl Fn(&str) -> bool) -> usize {
     let out = rabbitmqctl()
         .args([
             "list_connections",
@@ -560,7 +571,7 @@ pub fn close_connections_named(name: &str) -> usize {
     );
     let mut closed = 0;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if !line.contains(name) {
+        if !matches(line) {
             continue;
         }
         let pid = line.split_whitespace().next().unwrap();

@@ -138,8 +138,9 @@ async fn what_it_publishes_and_consumes_comes_out_as_sent() {
         let delivery = tokio::time::timeout(WITHIN, consumer.next())
             .await
             .expect("delivered in time")
-            .unwrap();
-        assert_eq!(delivery.body, body);
+            .unwrap()
+            .expect("a delivery");
+        assert_eq!(delivery.data, body);
         assert_eq!(delivery.properties, properties);
         assert_eq!(delivery.routing_key.as_str(), queue.name);
         assert!(!delivery.redelivered);
@@ -179,7 +180,8 @@ async fn a_nacked_delivery_comes_back_redelivered_and_a_multiple_ack_settles_the
             tokio::time::timeout(WITHIN, consumer.next())
                 .await
                 .unwrap()
-                .unwrap(),
+                .unwrap()
+                .expect("a delivery"),
         );
     }
     consuming
@@ -188,9 +190,10 @@ async fn a_nacked_delivery_comes_back_redelivered_and_a_multiple_ack_settles_the
     let again = tokio::time::timeout(WITHIN, consumer.next())
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .expect("a delivery");
     assert!(again.redelivered);
-    assert_eq!(again.body, first[0].body);
+    assert_eq!(again.data, first[0].data);
     consuming.ack([(again.delivery_tag, true)]).unwrap();
     // Everything acked: after a close and reopen the queue is empty.
     connection.close().await;
@@ -349,5 +352,32 @@ async fn heartbeats_keep_an_idle_connection_open() {
     assert!(idle.is_err(), "the connection failed: {:?}", idle.unwrap());
     let channel = connection.open_channel().await.unwrap();
     channel.qos(1).await.unwrap();
+    connection.close().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_consumer_ends_without_an_error_and_its_channel_stays_open() {
+    let queue = TestQueue::declare("wire-cancel").await;
+    let connection = open("delay-bridge test wire cancel").await;
+    let channel = connection.open_channel().await.unwrap();
+    let mut mine = channel
+        .consume(&queue.name, "mine", FieldTable::default())
+        .await
+        .unwrap();
+    assert_eq!(mine.tag().as_str(), "mine");
+    channel.cancel(mine.tag()).await.unwrap();
+    let ended = tokio::time::timeout(WITHIN, mine.next()).await.unwrap();
+    assert!(matches!(ended, Ok(None)), "{ended:?}");
+    // The broker cancels a consumer whose queue is deleted.
+    let mut theirs = channel
+        .consume(&queue.name, "", FieldTable::default())
+        .await
+        .unwrap();
+    let name = queue.name.clone();
+    queue.delete().await;
+    let ended = tokio::time::timeout(WITHIN, theirs.next()).await.unwrap();
+    assert!(matches!(ended, Ok(None)), "{ended:?} after deleting {name}");
+    assert!(channel.is_open());
+    channel.qos(3).await.unwrap();
     connection.close().await;
 }

@@ -40,8 +40,8 @@ pub struct Delivery {
     pub routing_key: ShortString,
     /// Its properties.
     pub properties: BasicProperties,
-    /// Its body.
-    pub body: Vec<u8>,
+    /// Its body (named as lapin names it).
+    pub data: Vec<u8>,
 }
 
 /// A mandatory publish the broker could not route, given back.
@@ -272,7 +272,7 @@ fn arrive(state: &mut ChannelState, step: Step) {
                     exchange: deliver.exchange,
                     routing_key: deliver.routing_key,
                     properties,
-                    body,
+                    data: body,
                 });
             }
         }
@@ -433,12 +433,10 @@ impl Channel {
     /// Acks deliveries, each `(tag, multiple)` (`multiple` acks every one up to `tag`), in
     /// one write.
     pub fn ack(&self, acks: impl IntoIterator<Item = (u64, bool)>) -> Result<(), WireError> {
-        self.send_methods(acks.into_iter().map(|(delivery_tag, multiple)| {
-            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-                delivery_tag,
-                multiple,
-            }))
-        }))
+        self.settle(
+            acks.into_iter()
+                .map(|(tag, multiple)| Settle::Ack { tag, multiple }),
+        )
     }
 
     /// Gives deliveries back, each `(tag, multiple)`, to the queue when `requeue` (else to
@@ -448,13 +446,26 @@ impl Channel {
         nacks: impl IntoIterator<Item = (u64, bool)>,
         requeue: bool,
     ) -> Result<(), WireError> {
-        self.send_methods(nacks.into_iter().map(|(delivery_tag, multiple)| {
-            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                delivery_tag,
-                multiple,
-                requeue,
-            }))
+        self.settle(nacks.into_iter().map(|(tag, multiple)| Settle::Nack {
+            tag,
+            multiple,
+            requeue,
         }))
+    }
+
+    /// Acks and nacks, in the order given, in one write.
+    pub fn settle(&self, settles: impl IntoIterator<Item = Settle>) -> Result<(), WireError> {
+        let state = self.shared.state();
+        if let Some(error) = &state.closed {
+            return Err(error.clone());
+        }
+        let id = self.shared.id;
+        self.inner.outbox.send(|frames| {
+            for settle in settles {
+                frames.method(id, settle.method())?;
+            }
+            Ok(())
+        })
     }
 
     /// Publishes `body` with `properties` to `exchange` with `routing_key`, on a channel in
@@ -523,25 +534,52 @@ impl Channel {
         })
     }
 
-    fn send_methods(&self, methods: impl Iterator<Item = AMQPClass>) -> Result<(), WireError> {
-        let state = self.shared.state();
-        if let Some(error) = &state.closed {
-            return Err(error.clone());
-        }
-        let id = self.shared.id;
-        self.inner.outbox.send(|frames| {
-            for method in methods {
-                frames.method(id, method)?;
-            }
-            Ok(())
-        })
-    }
-
     /// Why a waiter was dropped unanswered: the channel's error, else the connection's.
     fn gone(&self) -> WireError {
         self.error()
             .or_else(|| self.inner.error())
             .unwrap_or(WireError::ChannelClosed)
+    }
+}
+
+/// What to tell the broker of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// `basic.ack`: done with it (and, with `multiple`, every one up to it).
+    Ack {
+        /// The delivery tag.
+        tag: u64,
+        /// Every unsettled delivery up to `tag` too.
+        multiple: bool,
+    },
+    /// `basic.nack`: give it back.
+    Nack {
+        /// The delivery tag.
+        tag: u64,
+        /// Every unsettled delivery up to `tag` too.
+        multiple: bool,
+        /// Back into the queue (else dead-lettered, or dropped).
+        requeue: bool,
+    },
+}
+
+impl Settle {
+    fn method(self) -> AMQPClass {
+        match self {
+            Settle::Ack { tag, multiple } => AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                delivery_tag: tag,
+                multiple,
+            })),
+            Settle::Nack {
+                tag,
+                multiple,
+                requeue,
+            } => AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                delivery_tag: tag,
+                multiple,
+                requeue,
+            })),
+        }
     }
 }
 
@@ -584,25 +622,19 @@ impl Consumer {
         &self.tag
     }
 
-    /// The next delivery; `Err` once the consumer ends (cancelled, or its channel or
-    /// connection gone), with why.
-    pub async fn next(&mut self) -> Result<Delivery, WireError> {
+    /// The next delivery; `None` once the consumer was cancelled (here or by the broker:
+    /// its queue was deleted, say), `Err` once its channel or connection is gone.
+    pub async fn next(&mut self) -> Result<Option<Delivery>, WireError> {
         match self.deliveries.recv().await {
-            Some(delivery) => Ok(delivery),
-            None => Err(self.channel.gone()),
+            Some(delivery) => Ok(Some(delivery)),
+            None => self.ended(),
         }
     }
 
-    /// Every delivery already here, up to `limit`, added to `into`; waits for one when
-    /// none is. `Err` as for [`Consumer::next`], when none came.
-    pub async fn next_many(
-        &mut self,
-        into: &mut Vec<Delivery>,
-        limit: usize,
-    ) -> Result<usize, WireError> {
-        match self.deliveries.recv_many(into, limit).await {
-            0 => Err(self.channel.gone()),
-            taken => Ok(taken),
+    fn ended(&self) -> Result<Option<Delivery>, WireError> {
+        match self.channel.error().or_else(|| self.channel.inner.error()) {
+            Some(error) => Err(error),
+            None => Ok(None),
         }
     }
 }

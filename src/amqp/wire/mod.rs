@@ -32,7 +32,9 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use channel::{Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned};
+pub use channel::{
+    Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned, Settle,
+};
 
 use super::bare::{Bare, BareError, Tuned};
 use super::tls;

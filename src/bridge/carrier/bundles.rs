@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lapin::message::Delivery;
+use crate::amqp::wire::Delivery;
 use lapin::types::ShortString;
 use tokio::sync::oneshot;
 

@@ -31,12 +31,12 @@ pub async fn relay(url: &BrokerUrl, job: &ChildArgs, ready: impl FnOnce()) -> Re
     let mut acks = JoinSet::new();
     let mut first = None;
     for _ in 0..job.count {
-        let delivery = deliveries.next().await.context("the consumer ended")?;
+        let delivery = deliveries.next().await?.context("the consumer ended")?;
         if first.is_none() {
             first = Some(SelfUsage::now()?);
         }
         let confirm =
-            publishing.publish("", &job.to, true, &delivery.properties, &delivery.body)?;
+            publishing.publish("", &job.to, true, &delivery.properties, &delivery.data)?;
         let consuming = consuming.clone();
         acks.spawn(async move {
             match confirm.await? {
