@@ -1,5 +1,6 @@
-//! AMQP plumbing: connecting (password never shown), a queue's depth, and the one
-//! confirmed publish path ([`publisher::Publisher`]).
+//! AMQP plumbing: connecting (password never shown), a queue's depth, the one confirmed
+//! publish path ([`publisher::Publisher`]), and the project's own connection
+//! ([`wire`]), on which the bridge consumes the work queue.
 
 pub mod bare;
 mod depth;

@@ -10,12 +10,18 @@ use super::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, Inner, WireErr
 const FRAME_METHOD: u8 = 1;
 
 /// Reads frames from `reader` until the connection fails; gives why.
+///
+/// Each frame spends a unit of the task's cooperative budget: frames already buffered are
+/// read without waiting, and a reader that never waited would keep the runtime's worker
+/// from the other tasks (holds whose instant came, among them) for as long as frames
+/// keep coming.
 pub(super) async fn read_frames<R: AsyncRead + Unpin>(inner: &Inner, mut reader: R) -> WireError {
     let mut payload = Vec::new();
     loop {
         if let Err(error) = read_frame(inner, &mut reader, &mut payload).await {
             return error;
         }
+        tokio::task::coop::consume_budget().await;
     }
 }
 
