@@ -63,6 +63,15 @@ pub async fn connect(
     url: &BrokerUrl,
     name: &str,
 ) -> Result<Bare<impl AsyncRead + AsyncWrite + Unpin + use<>>, BareError> {
+    let (stream, uri) = open_stream(url).await?;
+    Bare::open(BufReader::new(stream), &uri, name).await
+}
+
+/// A socket to the broker of `url`, over TLS when the URL says so (with its TLS files, read
+/// now), and the URL parsed: what [`Bare::open`] and [`Bare::handshake`] open AMQP on.
+pub async fn open_stream(
+    url: &BrokerUrl,
+) -> Result<(impl AsyncRead + AsyncWrite + Unpin + Send + use<>, AMQPUri), BareError> {
     let uri: AMQPUri = url
         .expose()
         .parse()
@@ -77,7 +86,7 @@ pub async fn connect(
     };
     let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
     let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config)).await?;
-    Bare::open(BufReader::new(stream), &uri, name).await
+    Ok((stream, uri))
 }
 
 /// A frame as read: its type, channel and payload.

@@ -98,40 +98,6 @@ async fn two_bridge_processes_share_the_work_without_duplicates() {
     w.cleanup().await;
 }
 
-/// Closes one of the bridge's two connections mid-stream: the session ends on the other
-/// too, the next one carries on, and nothing is lost.
-async fn lose_one_connection(test: &str, consuming: bool) {
-    const N: usize = 300;
-    let mut w = World::start(Setup::new(test)).await;
-    publish_spread(&w, N, 200, 2_500).await;
-    let mut got = w.recv_n(20, 10 * SEC).await;
-    let name = format!("delay-bridge {}", w.prefix());
-    let closed = if consuming {
-        close_connections_named(&format!("{name} consumer"))
-    } else {
-        close_connections_named_exactly(&name)
-    };
-    assert_eq!(closed, 1, "the bridge's connection was found and closed");
-    got.extend(w.recv_n(N - count_ids(&got, N).0, 30 * SEC).await);
-    got.extend(w.drain_quiet(Duration::from_millis(500)).await);
-    let (distinct, dups) = count_ids(&got, N);
-    println!("{test}: {distinct}/{N} delivered, {dups} duplicates");
-    assert_eq!(distinct, N);
-    assert!(dups <= 4_000, "duplicates bounded by prefetch");
-    assert!(w.stats().snapshot().reconnects >= 1);
-    w.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_lost_consumer_connection_is_reconnected_and_nothing_is_lost() {
-    lose_one_connection("reconnect-consumer", true).await;
-}
-
-#[tokio::test]
-async fn a_lost_publishing_connection_is_reconnected_and_nothing_is_lost() {
-    lose_one_connection("reconnect-publisher", false).await;
-}
-
 #[tokio::test]
 async fn sigterm_releases_held_messages_and_exits_zero() {
     const N: usize = 200;
@@ -163,25 +129,56 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
     w.cleanup().await;
 }
 
-#[tokio::test]
-async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
+/// Which of the bridge's two connections a test closes.
+#[derive(Clone, Copy)]
+enum Lost {
+    Both,
+    /// `delay-bridge <prefix> consumer`, the work queue's.
+    Consumer,
+    /// `delay-bridge <prefix>`, the one that publishes.
+    Publisher,
+}
+
+/// Closes `lost` mid-stream: the session ends on the other connection too, the next one
+/// carries on, and nothing is lost.
+async fn lose_connections(test: &str, lost: Lost) {
     const N: usize = 300;
-    let mut w = World::start(Setup::new("reconnect")).await;
+    let mut w = World::start(Setup::new(test)).await;
     publish_spread(&w, N, 200, 2_500).await;
     let mut got = w.recv_n(20, 10 * SEC).await;
-    let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
+    let name = format!("delay-bridge {}", w.prefix());
+    let (closed, expected) = match lost {
+        Lost::Both => (close_connections_named(&name), 2),
+        Lost::Consumer => (close_connections_named(&format!("{name} consumer")), 1),
+        Lost::Publisher => (close_connections_named_exactly(&name), 1),
+    };
     assert_eq!(
-        closed, 2,
-        "the bridge's two connections (publishing, consuming) were found and closed"
+        closed, expected,
+        "the bridge's connections were found and closed"
     );
     got.extend(w.recv_n(N - count_ids(&got, N).0, 30 * SEC).await);
     got.extend(w.drain_quiet(Duration::from_millis(500)).await);
     let (distinct, dups) = count_ids(&got, N);
-    println!("reconnect: {distinct}/{N} delivered, {dups} duplicates");
+    println!("{test}: {distinct}/{N} delivered, {dups} duplicates");
     assert_eq!(distinct, N);
     assert!(dups <= 4_000, "duplicates bounded by prefetch");
     assert!(w.stats().snapshot().reconnects >= 1);
     w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
+    lose_connections("reconnect", Lost::Both).await;
+}
+
+#[tokio::test]
+async fn a_lost_consumer_connection_is_reconnected_and_nothing_is_lost() {
+    lose_connections("reconnect-consumer", Lost::Consumer).await;
+}
+
+#[tokio::test]
+async fn a_lost_publishing_connection_is_reconnected_and_nothing_is_lost() {
+    lose_connections("reconnect-publisher", Lost::Publisher).await;
 }
 
 #[tokio::test]

@@ -601,3 +601,55 @@ pub fn broker_max_message_size() -> usize {
         .parse()
         .unwrap_or_else(|_| panic!("max_message_size from rabbitmqctl: {text:?}"))
 }
+
+/// Properties of every kind and a header of every field type lapin writes (but the
+/// deprecated short string), nested in a table and an array as well.
+pub fn every_property() -> lapin::BasicProperties {
+    use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray};
+    let values = vec![
+        ("bool", AMQPValue::Boolean(true)),
+        ("i8", AMQPValue::ShortShortInt(-8)),
+        ("u8", AMQPValue::ShortShortUInt(200)),
+        ("i16", AMQPValue::ShortInt(-16_000)),
+        ("u16", AMQPValue::ShortUInt(65_000)),
+        ("i32", AMQPValue::LongInt(-2_000_000_000)),
+        ("u32", AMQPValue::LongUInt(4_000_000_000)),
+        ("i64", AMQPValue::LongLongInt(-9_000_000_000_000)),
+        ("f32", AMQPValue::Float(0.25)),
+        ("f64", AMQPValue::Double(1.0 / 3.0)),
+        (
+            "decimal",
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 2,
+                value: 12_345,
+            }),
+        ),
+        ("text", AMQPValue::LongString("héllo, wörld".into())),
+        ("timestamp", AMQPValue::Timestamp(1_700_000_000)),
+        (
+            "bytes",
+            AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 254, 255])),
+        ),
+        ("void", AMQPValue::Void),
+    ];
+    let nested = headers(values.clone());
+    let array = FieldArray::from(values.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>());
+    let mut every_type = headers(values);
+    every_type.insert("table".into(), AMQPValue::FieldTable(nested));
+    every_type.insert("array".into(), AMQPValue::FieldArray(array));
+    lapin::BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_content_encoding("gzip".into())
+        .with_headers(every_type)
+        .with_delivery_mode(2)
+        .with_priority(7)
+        .with_correlation_id("corr".into())
+        .with_reply_to("reply".into())
+        .with_expiration("600000".into())
+        .with_message_id("id-1".into())
+        .with_timestamp(1_700_000_001)
+        .with_type("kind".into())
+        .with_user_id("guest".into())
+        .with_app_id("app".into())
+        .with_cluster_id("cluster".into())
+}

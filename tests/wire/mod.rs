@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amq_protocol::protocol::{AMQPClass, exchange};
-use delay_bridge::amqp::wire::{Confirm, Connection, WireError};
+use delay_bridge::amqp::wire::{Channel, Confirm, Connection, Consumer, Delivery, WireError};
 use delay_bridge::config::BrokerUrl;
 use lapin::BasicProperties;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, ByteArray, FieldArray, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
 use crate::support::*;
 
@@ -29,6 +29,26 @@ async fn open(name: &str) -> Connection {
     .await
     .expect("opened in time")
     .expect("the test broker answers (run scripts/broker.sh)")
+}
+
+/// A channel with a prefetch of 10 consuming `queue`.
+async fn consume(connection: &Connection, queue: &str) -> (Channel, Consumer) {
+    let channel = connection.open_channel().await.unwrap();
+    channel.qos(10).await.unwrap();
+    let consumer = channel
+        .consume(queue, "", FieldTable::default())
+        .await
+        .unwrap();
+    (channel, consumer)
+}
+
+/// The consumer's next delivery, within [`WITHIN`].
+async fn next_delivery(consumer: &mut Consumer) -> Delivery {
+    tokio::time::timeout(WITHIN, consumer.next())
+        .await
+        .expect("delivered in time")
+        .expect("the consumer is open")
+        .expect("a delivery, not the consumer's end")
 }
 
 /// A queue of the test's own (lapin declares and deletes it, so that what is tested is
@@ -72,45 +92,16 @@ impl TestQueue {
     }
 }
 
+/// [`every_property`], with a header whose long string is not UTF-8 (AMQP allows any
+/// bytes there).
 fn every_kind_of_property() -> BasicProperties {
-    let mut nested = FieldTable::default();
-    nested.insert("n".into(), AMQPValue::LongLongInt(-7));
-    let mut headers = FieldTable::default();
-    headers.insert("text".into(), text("é ✓"));
+    let properties = every_property();
+    let mut headers = properties.headers().clone().unwrap_or_default();
     headers.insert(
         "binary".into(),
         AMQPValue::LongString(LongString::from(vec![0xff, 0xfe, 0x00, 0x80])),
     );
-    headers.insert(
-        "bytes".into(),
-        AMQPValue::ByteArray(ByteArray::from(vec![1, 2, 3])),
-    );
-    headers.insert("bool".into(), AMQPValue::Boolean(true));
-    headers.insert("int".into(), AMQPValue::LongInt(-42));
-    headers.insert("double".into(), AMQPValue::Double(2.5));
-    headers.insert("timestamp".into(), AMQPValue::Timestamp(1_700_000_000));
-    headers.insert("table".into(), AMQPValue::FieldTable(nested.clone()));
-    headers.insert(
-        "array".into(),
-        AMQPValue::FieldArray(FieldArray::from(vec![
-            AMQPValue::FieldTable(nested),
-            AMQPValue::Void,
-        ])),
-    );
-    BasicProperties::default()
-        .with_content_type("application/x-test".into())
-        .with_content_encoding("identity".into())
-        .with_headers(headers)
-        .with_delivery_mode(2)
-        .with_priority(4)
-        .with_correlation_id("corr".into())
-        .with_reply_to("reply".into())
-        .with_expiration("600000".into())
-        .with_message_id("id-1".into())
-        .with_timestamp(1_700_000_001)
-        .with_type("kind".into())
-        .with_user_id("guest".into())
-        .with_app_id("app".into())
+    properties.with_headers(headers)
 }
 
 #[tokio::test]
@@ -128,18 +119,9 @@ async fn what_it_publishes_and_consumes_comes_out_as_sent() {
             .unwrap();
         assert_eq!(confirm.await.unwrap(), Confirm::Ack);
     }
-    let consuming = connection.open_channel().await.unwrap();
-    consuming.qos(10).await.unwrap();
-    let mut consumer = consuming
-        .consume(&queue.name, "", FieldTable::default())
-        .await
-        .unwrap();
+    let (consuming, mut consumer) = consume(&connection, &queue.name).await;
     for body in [&b""[..], b"small", &large] {
-        let delivery = tokio::time::timeout(WITHIN, consumer.next())
-            .await
-            .expect("delivered in time")
-            .unwrap()
-            .expect("a delivery");
+        let delivery = next_delivery(&mut consumer).await;
         assert_eq!(delivery.data, body);
         assert_eq!(delivery.properties, properties);
         assert_eq!(delivery.routing_key.as_str(), queue.name);
@@ -168,30 +150,15 @@ async fn a_nacked_delivery_comes_back_redelivered_and_a_multiple_ack_settles_the
     for confirm in confirms {
         assert_eq!(confirm.await.unwrap(), Confirm::Ack);
     }
-    let consuming = connection.open_channel().await.unwrap();
-    consuming.qos(10).await.unwrap();
-    let mut consumer = consuming
-        .consume(&queue.name, "", FieldTable::default())
-        .await
-        .unwrap();
+    let (consuming, mut consumer) = consume(&connection, &queue.name).await;
     let mut first = Vec::new();
     for _ in 0..5 {
-        first.push(
-            tokio::time::timeout(WITHIN, consumer.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .expect("a delivery"),
-        );
+        first.push(next_delivery(&mut consumer).await);
     }
     consuming
         .nack([(first[0].delivery_tag, false)], true)
         .unwrap();
-    let again = tokio::time::timeout(WITHIN, consumer.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("a delivery");
+    let again = next_delivery(&mut consumer).await;
     assert!(again.redelivered);
     assert_eq!(again.data, first[0].data);
     consuming.ack([(again.delivery_tag, true)]).unwrap();

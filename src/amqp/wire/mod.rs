@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use amq_protocol::protocol::{AMQPClass, channel as channel_methods, connection};
 use futures::AsyncReadExt;
 use futures::io::BufReader;
-use lapin::uri::{AMQPScheme, AMQPUri};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -36,8 +35,7 @@ pub use channel::{
     Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned, Settle,
 };
 
-use super::bare::{Bare, BareError, Tuned};
-use super::tls;
+use super::bare::{Bare, BareError, Tuned, open_stream};
 use crate::config::BrokerUrl;
 use channel::ChannelShared;
 use outbox::Outbox;
@@ -234,22 +232,7 @@ impl Connection {
     /// every `heartbeat` (at most; `0` for none), and starts the reader and writer tasks on
     /// the current tokio runtime.
     pub async fn open(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
-        let uri: AMQPUri = url
-            .expose()
-            .parse()
-            .map_err(|e| WireError::Setup(format!("the broker URL: {e}")))?;
-        let tls = match (url.tls(), &uri.scheme) {
-            (Some(files), _) => Some((
-                tls::read(files).map_err(|e| WireError::Setup(e.to_string()))?,
-                files.server_name.clone(),
-            )),
-            (None, AMQPScheme::AMQPS) => Some((Default::default(), None)),
-            (None, AMQPScheme::AMQP) => None,
-        };
-        let server_name = tls.as_ref().and_then(|(_, name)| name.clone());
-        let stream = tls::stream(&uri, server_name.as_deref(), tls.map(|(config, _)| config))
-            .await
-            .map_err(WireError::io)?;
+        let (stream, uri) = open_stream(url).await?;
         let heartbeat = u16::try_from(heartbeat.as_secs()).unwrap_or(u16::MAX);
         let (bare, tuned) = Bare::handshake(stream, &uri, name, heartbeat).await?;
         let (reads, writes) = bare.into_stream().split();
