@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::amqp::wire::Delivery;
 use lapin::Connection;
 use lapin::types::ShortString;
 use tokio::sync::mpsc;
@@ -19,6 +18,7 @@ use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::verdict::{Culprit, Verdict, Whose, verdict, whose};
+use crate::amqp::wire::Delivery;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle;
 use crate::contract::{

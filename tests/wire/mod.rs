@@ -31,6 +31,13 @@ async fn open(name: &str) -> Connection {
     .expect("the test broker answers (run scripts/broker.sh)")
 }
 
+/// A channel in confirm mode.
+async fn confirm_channel(connection: &Connection) -> Channel {
+    let channel = connection.open_channel().await.unwrap();
+    channel.confirm_select().await.unwrap();
+    channel
+}
+
 /// A channel with a prefetch of 10 consuming `queue`.
 async fn consume(connection: &Connection, queue: &str) -> (Channel, Consumer) {
     let channel = connection.open_channel().await.unwrap();
@@ -108,8 +115,7 @@ fn every_kind_of_property() -> BasicProperties {
 async fn what_it_publishes_and_consumes_comes_out_as_sent() {
     let queue = TestQueue::declare("wire-roundtrip").await;
     let connection = open("delay-bridge test wire roundtrip").await;
-    let publishing = connection.open_channel().await.unwrap();
-    publishing.confirm_select().await.unwrap();
+    let publishing = confirm_channel(&connection).await;
     let properties = every_kind_of_property();
     // Larger than a frame (128 KiB): it travels in several body frames each way.
     let large: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
@@ -137,8 +143,7 @@ async fn what_it_publishes_and_consumes_comes_out_as_sent() {
 async fn a_nacked_delivery_comes_back_redelivered_and_a_multiple_ack_settles_the_rest() {
     let queue = TestQueue::declare("wire-acks").await;
     let connection = open("delay-bridge test wire acks").await;
-    let publishing = connection.open_channel().await.unwrap();
-    publishing.confirm_select().await.unwrap();
+    let publishing = confirm_channel(&connection).await;
     let mut confirms = Vec::new();
     for i in 0..5u8 {
         confirms.push(
@@ -174,8 +179,7 @@ async fn every_return_reaches_its_handler_before_the_confirm_of_its_publish() {
     const EACH: usize = 1_000;
     let queue = TestQueue::declare("wire-returns").await;
     let connection = open("delay-bridge test wire returns").await;
-    let channel = connection.open_channel().await.unwrap();
-    channel.confirm_select().await.unwrap();
+    let channel = confirm_channel(&connection).await;
     let returned: Arc<Mutex<HashSet<String>>> = Arc::default();
     let seen = returned.clone();
     channel.on_return(Box::new(move |message| {
@@ -229,8 +233,7 @@ async fn a_channel_error_fails_its_channel_and_leaves_the_others_working() {
     let queue = TestQueue::declare("wire-channel-error").await;
     let connection = open("delay-bridge test wire channel error").await;
     let doomed = connection.open_channel().await.unwrap();
-    let working = connection.open_channel().await.unwrap();
-    working.confirm_select().await.unwrap();
+    let working = confirm_channel(&connection).await;
     let missing = AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
         exchange: ShortString::from(format!("{}-missing", queue.name)),
         kind: "direct".into(),

@@ -190,14 +190,13 @@ impl ChannelShared {
                 inner.forget_channel(self.id);
             }
             AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                let waiter = state.replies.pop_front();
                 drop(state);
                 inner.forget_channel(self.id);
-                let mut state = self.state();
-                if let Some(waiter) = state.replies.pop_front() {
+                self.fail(&WireError::ChannelClosed);
+                if let Some(waiter) = waiter {
                     let _ = waiter.send(Ok(method));
                 }
-                drop(state);
-                self.fail(&WireError::ChannelClosed);
             }
             reply => match state.replies.pop_front() {
                 Some(waiter) => {

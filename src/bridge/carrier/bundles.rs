@@ -19,11 +19,11 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::amqp::wire::Delivery;
 use lapin::types::ShortString;
 use tokio::sync::oneshot;
 
 use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodable};
+use crate::amqp::wire::Delivery;
 use crate::bridge::BridgeError;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle::{self, Member};
