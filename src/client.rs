@@ -28,15 +28,15 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Connection};
 use thiserror::Error;
 
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::targets::TargetChannels;
+use crate::amqp::wire::{Connection, WireError};
 use crate::amqp::{self, ConnectError, Published};
 use crate::cancel::{MessageIdError, message_id, tombstone_properties};
 use crate::clock::now_ms;
@@ -160,8 +160,8 @@ pub enum ClientError {
     Broker {
         /// What the client was doing.
         what: &'static str,
-        /// The client error.
-        source: lapin::Error,
+        /// The connection's error.
+        source: WireError,
     },
 }
 
@@ -251,7 +251,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection to the broker for scheduling and cancelling through a bridge's topology.
 pub struct Client {
-    connection: Arc<Connection>,
+    connection: Connection,
     channels: TargetChannels,
     names: Names,
     /// The longest delay scheduled; longer ones are refused before publishing.
@@ -278,9 +278,8 @@ impl Client {
     pub async fn connect_to(urls: &[BrokerUrl], prefix: &str) -> Result<Self, ClientError> {
         let mut last = None;
         for url in urls {
-            match amqp::connect(url, "delay-bridge client").await {
+            match amqp::connect_wire(url, "delay-bridge client").await {
                 Ok(connection) => {
-                    let connection = Arc::new(connection);
                     return Ok(Self {
                         channels: TargetChannels::new(connection.clone(), CONFIRM_TIMEOUT),
                         connection,
@@ -394,16 +393,11 @@ impl Client {
             })
     }
 
-    /// Closes the connection.
+    /// Closes the connection (waiting for the broker's answer a few seconds at most).
     pub async fn close(self) -> Result<(), ClientError> {
         self.channels.close_all().await;
-        self.connection
-            .close(200, "delay-bridge client closing".into())
-            .await
-            .map_err(|source| ClientError::Broker {
-                what: "closing",
-                source,
-            })
+        self.connection.close().await;
+        Ok(())
     }
 
     /// Refuses a message due further ahead than `max_delay`, by this client's clock.
@@ -546,13 +540,8 @@ fn short_name(what: &'static str, name: &str) -> Result<ShortString, ClientError
 }
 
 /// What the broker's refusal of `what` on `exchange` means for a body of `body_len` bytes.
-fn refusal(
-    exchange: &str,
-    body_len: usize,
-    what: &'static str,
-    source: lapin::Error,
-) -> ClientError {
-    if amqp::reply_code(&source) == Some(404) {
+fn refusal(exchange: &str, body_len: usize, what: &'static str, source: WireError) -> ClientError {
+    if source.reply_code() == Some(404) {
         ClientError::ExchangeMissing {
             exchange: exchange.to_string(),
         }

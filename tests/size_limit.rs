@@ -72,8 +72,8 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
     // The bridge's channels were opened under the old limit; its next session's are not.
     let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
     assert_eq!(
-        closed, 2,
-        "the bridge's two connections (publishing, consuming) were found and closed"
+        closed, 3,
+        "the bridge's three connections (control, consuming, publishing) were found and closed"
     );
 
     let parked = w.parked_within(30 * SEC).await;

@@ -1,6 +1,6 @@
 //! AMQP plumbing: connecting (password never shown), a queue's depth, the one confirmed
-//! publish path ([`publisher::Publisher`]), and the project's own connection
-//! ([`wire`]), on which the bridge consumes the work queue.
+//! publish path ([`publisher::Publisher`]), and the project's own connection ([`wire`]),
+//! on which the bridge consumes the work queue and every confirmed publish goes.
 
 pub mod bare;
 mod depth;
@@ -30,14 +30,53 @@ pub struct ConnectError {
     pub url: String,
     /// The client error.
     #[source]
-    pub source: lapin::Error,
+    pub source: ConnectFailure,
+}
+
+/// What failed a connection: lapin's (declaring, reading queues, the cancel stream) or the
+/// project's own ([`wire`]: consuming and publishing).
+#[derive(Debug, Error)]
+pub enum ConnectFailure {
+    /// lapin's error.
+    #[error(transparent)]
+    Lapin(#[from] lapin::Error),
+    /// The project's connection's error.
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+}
+
+impl ConnectError {
+    /// The broker's reply code, when the broker refused the connection (403 for a wrong
+    /// password, 530 for a missing vhost).
+    pub fn reply_code(&self) -> Option<u16> {
+        match &self.source {
+            ConnectFailure::Lapin(error) => reply_code(error),
+            ConnectFailure::Wire(error) => error.reply_code(),
+        }
+    }
+}
+
+/// The heartbeat the project's own connections ask for (lapin takes the broker's, 60 s by
+/// default).
+pub const WIRE_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Opens the project's own connection ([`wire`]) named `name` (shown in the management
+/// UI), with the URL's TLS files when it has some, asking for a heartbeat every
+/// [`WIRE_HEARTBEAT`].
+pub async fn connect_wire(url: &BrokerUrl, name: &str) -> Result<wire::Connection, ConnectError> {
+    wire::Connection::open(url, name, WIRE_HEARTBEAT)
+        .await
+        .map_err(|source| ConnectError {
+            url: url.to_string(),
+            source: ConnectFailure::Wire(source),
+        })
 }
 
 /// Opens a connection named `name` (shown in the management UI), with the URL's TLS files
 /// when it has some (read now, so renewed files apply at the next connect).
 pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectError> {
     let fail = |source: lapin::Error| ConnectError {
-        source: with_tls_hint(url, source),
+        source: ConnectFailure::Lapin(with_tls_hint(url, source)),
         url: url.to_string(),
     };
     let properties = ConnectionProperties::default().with_connection_name(name.into());
@@ -108,13 +147,9 @@ pub(crate) fn reply_code(error: &lapin::Error) -> Option<u16> {
 
 /// The broker's text when it refused a publish for its body size (406, "larger than
 /// configured max size"); the channel is closed.
-pub(crate) fn size_refusal(error: &lapin::Error) -> Option<String> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp)
-            if amqp.get_id() == 406 && amqp.get_message().as_str().contains("max size") =>
-        {
-            Some(amqp.get_message().to_string())
-        }
+pub(crate) fn size_refusal(error: &wire::WireError) -> Option<String> {
+    match (error.reply_code(), error.reply_text()) {
+        (Some(406), Some(text)) if text.contains("max size") => Some(text.to_string()),
         _ => None,
     }
 }

@@ -1,28 +1,29 @@
-//! The one confirmed, mandatory publish: a confirm-mode channel whose publishes learn their
-//! own return, each within a confirm deadline.
+//! The one confirmed, mandatory publish: a confirm-mode channel on the project's own
+//! connection ([`super::wire`]) whose publishes learn their own return, each within a
+//! confirm deadline.
 //!
-//! lapin pairs a returned message with whichever confirm completes next, not with the
-//! publish it came from; a return ledger (`amqp::returns`) puts each return back with its
-//! own publish.
+//! The broker sends a publish's return before the confirm that covers it, and the
+//! connection hands each return to the channel's handler before it reads on; a return pool
+//! (`amqp::returns`) gives each publish the return with its own content.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
-use lapin::types::{FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionStatus};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
 use thiserror::Error;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
-use super::returns::{Fingerprint, Return, ReturnLedger};
-use super::{Published, confirm_channel};
+use super::Published;
+use super::returns::{Claimed, Fingerprint, Return, ReturnPool};
+use super::wire::{self, Confirm, Returned, WireError};
 
 /// Why a publish has no answer from the broker.
 #[derive(Debug, Error)]
 pub enum PublishError {
     /// The channel or connection failed (the broker closed it, or it was lost).
     #[error(transparent)]
-    Broker(#[from] lapin::Error),
+    Broker(#[from] WireError),
     /// The broker did not confirm in time. Time while the broker blocks the connection (a
     /// resource alarm) does not count. The channel has been closed: nothing more is
     /// confirmed on it.
@@ -33,30 +34,47 @@ pub enum PublishError {
 /// A confirm-mode channel for many concurrent confirmed, mandatory publishes.
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
-    /// The connection's status: its `blocked` flag pauses the confirm deadline.
-    connection: ConnectionStatus,
-    ledger: Arc<Mutex<ReturnLedger<oneshot::Sender<()>>>>,
+    channel: wire::Channel,
+    /// Set while the broker blocks the connection: the confirm deadline pauses.
+    blocked: watch::Receiver<Option<String>>,
+    returns: Arc<Mutex<ReturnPool>>,
     confirm_timeout: Duration,
 }
 
 impl Publisher {
     /// Opens a confirm-mode channel on `connection`.
     pub async fn open(
-        connection: &Connection,
+        connection: &wire::Connection,
         confirm_timeout: Duration,
-    ) -> Result<Self, lapin::Error> {
+    ) -> Result<Self, WireError> {
+        let channel = connection.open_channel().await?;
+        let returns = Arc::new(Mutex::new(ReturnPool::new()));
+        let pool = returns.clone();
+        channel.on_return(Box::new(move |returned: Returned| {
+            let fingerprint = Fingerprint::of(
+                returned.exchange.as_str(),
+                returned.routing_key.as_str(),
+                &returned.properties,
+                &returned.body,
+            );
+            let ret = Return {
+                code: returned.reply_code,
+                text: returned.reply_text.to_string(),
+            };
+            lock(&pool).returned(fingerprint, ret);
+        }));
+        channel.confirm_select().await?;
         Ok(Self {
-            channel: confirm_channel(connection).await?,
-            connection: connection.status().clone(),
-            ledger: Arc::new(Mutex::new(ReturnLedger::new())),
+            channel,
+            blocked: connection.blocked(),
+            returns,
             confirm_timeout,
         })
     }
 
     /// True while the channel is open.
     pub fn is_open(&self) -> bool {
-        self.channel.status().connected()
+        self.channel.is_open()
     }
 
     /// The channel's id.
@@ -67,24 +85,14 @@ impl Publisher {
 
     /// Passively declares `exchange`: `Ok` when it exists. A missing one is a 404 channel
     /// error, and the broker closes this channel.
-    pub async fn check_exchange(&self, exchange: &str) -> Result<(), lapin::Error> {
-        self.channel
-            .exchange_declare(
-                exchange.into(),
-                lapin::ExchangeKind::Direct,
-                ExchangeDeclareOptions {
-                    passive: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
+    pub async fn check_exchange(&self, exchange: &str) -> Result<(), WireError> {
+        self.channel.check_exchange(exchange).await
     }
 
     /// Closes the channel (publishes still waiting fail).
-    pub async fn close(&self, reason: &str) {
+    pub async fn close(&self) {
         if self.is_open() {
-            let _ = self.channel.close(200, reason.into()).await;
+            let _ = self.channel.close().await;
         }
     }
 
@@ -100,71 +108,25 @@ impl Publisher {
         let fingerprint =
             Fingerprint::of(exchange.as_str(), routing_key.as_str(), &properties, body);
         let mut entry = Entry {
-            seq: self.lock().register(),
-            publisher: self,
-            resolved: false,
-            finished: false,
+            seq: lock(&self.returns).register(),
+            returns: &self.returns,
+            claimed: false,
         };
-        let sent = self
-            .within_deadline(async {
-                self.channel
-                    .basic_publish(
-                        exchange,
-                        routing_key,
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        body,
-                        properties,
-                    )
-                    .await?
-                    .await
-            })
-            .await;
-        let (acked, carried) = match sent {
-            Ok(Ok(Confirmation::Ack(carried))) => (true, carried),
-            Ok(Ok(Confirmation::Nack(carried))) => (false, carried),
-            Ok(Ok(Confirmation::NotRequested)) => {
-                unreachable!("a Publisher's channel is in confirm mode")
-            }
-            Ok(Err(e)) => {
-                entry.resolve(None);
-                entry.forget();
-                return Err(PublishError::Broker(e));
-            }
+        let confirm = self.channel.publish(
+            exchange.as_str(),
+            routing_key.as_str(),
+            true,
+            &properties,
+            body,
+        )?;
+        let confirmed = match self.within_deadline(confirm).await {
+            Ok(confirmed) => confirmed?,
             Err(_) => {
-                // A confirm arriving later could carry another publish's return: stop
-                // every confirm on this channel first.
-                self.close("delay-bridge: a publish was not confirmed in time")
-                    .await;
-                entry.resolve(None);
-                entry.forget();
+                // The message is sent again elsewhere: nothing more may be confirmed here.
+                self.close().await;
                 return Err(PublishError::ConfirmTimeout(self.confirm_timeout));
             }
         };
-        let carried = carried.map(|r| {
-            let d = &r.delivery;
-            (
-                Fingerprint::of(
-                    d.exchange.as_str(),
-                    d.routing_key.as_str(),
-                    &d.properties,
-                    &d.data,
-                ),
-                Return {
-                    code: r.reply_code,
-                    text: r.reply_text.to_string(),
-                },
-            )
-        });
-        if let Some(barrier) = entry.resolve(carried) {
-            let (tx, rx) = oneshot::channel();
-            if self.lock().wait(barrier, tx).is_none() {
-                // Every earlier publish completes or fails within its own deadline.
-                let _ = rx.await;
-            }
-        }
         let claimed = entry.claim(fingerprint);
         if claimed.stale > 0 {
             tracing::error!(
@@ -172,10 +134,10 @@ impl Publisher {
                 "the broker returned messages that match no publish in flight"
             );
         }
-        Ok(match (acked, claimed.ret) {
-            (true, None) => Published::Routed,
-            (true, Some(Return { code, text })) => Published::Returned { code, text },
-            (false, _) => Published::Nacked,
+        Ok(match (confirmed, claimed.ret) {
+            (Confirm::Ack, None) => Published::Routed,
+            (Confirm::Ack, Some(Return { code, text })) => Published::Returned { code, text },
+            (Confirm::Nack, _) => Published::Nacked,
         })
     }
 
@@ -190,60 +152,127 @@ impl Publisher {
         loop {
             match tokio::time::timeout(self.confirm_timeout, &mut confirmed).await {
                 Ok(done) => return Ok(done),
-                Err(elapsed) if !self.connection.blocked() => return Err(elapsed),
+                Err(elapsed) if self.blocked.borrow().is_none() => return Err(elapsed),
                 Err(_) => {}
             }
         }
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReturnLedger<oneshot::Sender<()>>> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
-/// One publish in the ledger: resolved once and claimed (or forgotten) once, also when its
-/// future is dropped, so later publishes never wait on it.
+fn lock(returns: &Mutex<ReturnPool>) -> std::sync::MutexGuard<'_, ReturnPool> {
+    returns.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One publish in the return pool: it claims once, or is forgotten when its future ends
+/// without a confirm (failed, timed out, or dropped), so its return cannot go to another.
 struct Entry<'a> {
     seq: u64,
-    publisher: &'a Publisher,
-    resolved: bool,
-    finished: bool,
+    returns: &'a Mutex<ReturnPool>,
+    claimed: bool,
 }
 
 impl Entry<'_> {
-    /// Records the completion; gives the barrier to wait for, unless it already passed.
-    fn resolve(&mut self, carried: Option<(Fingerprint, Return)>) -> Option<u64> {
-        self.resolved = true;
-        let mut ledger = self.publisher.lock();
-        let (barrier, released) = ledger.resolve(self.seq, carried);
-        let passed = ledger.passed(barrier);
-        drop(ledger);
-        for waiter in released {
-            let _ = waiter.send(());
-        }
-        (!passed).then_some(barrier)
-    }
-
     /// Takes this publish's return, if it has one.
-    fn claim(&mut self, fingerprint: Fingerprint) -> super::returns::Claimed {
-        self.finished = true;
-        self.publisher.lock().claim(self.seq, fingerprint)
-    }
-
-    /// This publish failed: it claims nothing.
-    fn forget(&mut self) {
-        self.finished = true;
-        self.publisher.lock().forget(self.seq);
+    fn claim(&mut self, fingerprint: Fingerprint) -> Claimed {
+        self.claimed = true;
+        lock(self.returns).claim(self.seq, fingerprint)
     }
 }
 
 impl Drop for Entry<'_> {
     fn drop(&mut self) {
-        if !self.resolved {
-            self.resolve(None);
+        if !self.claimed {
+            lock(self.returns).forget(self.seq);
         }
-        if !self.finished {
-            self.forget();
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BrokerUrl;
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::FieldTable;
+
+    /// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
+    fn broker_url() -> BrokerUrl {
+        let url = std::env::var("DELAY_BRIDGE_TEST_URL")
+            .unwrap_or_else(|_| crate::config::DEFAULT_URL.to_string());
+        BrokerUrl::parse(&url).expect("a broker URL")
+    }
+
+    /// 6 000 publishes from 30 tasks on one channel, every third to a queue that does not
+    /// exist: each publish learns its own fate, and the queue holds exactly the others.
+    /// (Needs the test broker, like the integration tests.)
+    #[tokio::test]
+    async fn each_of_many_concurrent_publishes_learns_its_own_return() {
+        const TASKS: usize = 30;
+        const EACH: usize = 200;
+        let url = broker_url();
+        let admin = crate::amqp::connect(&url, "publisher unit test admin")
+            .await
+            .expect("the test broker answers (run scripts/broker.sh)");
+        let declaring = admin.create_channel().await.expect("a channel");
+        let queue = format!("publisher-test-{:08x}", rand::random::<u32>());
+        declaring
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("the test queue");
+        let connection = crate::amqp::connect_wire(&url, "publisher unit test")
+            .await
+            .expect("the test broker answers");
+        let publisher = Publisher::open(&connection, Duration::from_secs(30))
+            .await
+            .expect("a confirm channel");
+        let nowhere = format!("{queue}-nowhere");
+        let tasks = (0..TASKS).map(|task| {
+            let (publisher, queue, nowhere) = (publisher.clone(), queue.clone(), nowhere.clone());
+            tokio::spawn(async move {
+                let mut wrong = Vec::new();
+                for i in 0..EACH {
+                    let n = task * EACH + i;
+                    let unroutable = n.is_multiple_of(3);
+                    let key = if unroutable { &nowhere } else { &queue };
+                    let published = publisher
+                        .publish(
+                            "".into(),
+                            key.as_str().into(),
+                            n.to_string().as_bytes(),
+                            BasicProperties::default(),
+                        )
+                        .await
+                        .expect("an answer from the broker");
+                    let returned = matches!(published, Published::Returned { .. });
+                    if returned != unroutable || matches!(published, Published::Nacked) {
+                        wrong.push((n, published));
+                    }
+                }
+                wrong
+            })
+        });
+        let answers =
+            tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(tasks))
+                .await
+                .expect("every publish answered within 60 s");
+        let wrong: Vec<_> = answers
+            .into_iter()
+            .flat_map(|joined| joined.expect("task"))
+            .collect();
+        assert!(wrong.is_empty(), "publishes told another's fate: {wrong:?}");
+        let held = crate::amqp::queue_counts(&declaring, &queue)
+            .await
+            .expect("the queue's depth")
+            .messages;
+        assert_eq!(held, (TASKS * EACH * 2 / 3) as u64);
+        declaring
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .expect("the test queue deleted");
+        connection.close().await;
+        let _ = admin.close(200, "done".into()).await;
     }
 }

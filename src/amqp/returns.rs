@@ -1,24 +1,18 @@
 //! Which publish a returned message belongs to: pure bookkeeping for one confirm channel.
 //!
-//! `basic.return` carries no delivery tag. lapin hands each returned message to whichever
-//! confirm it completes next (for a `multiple=true` ack, in `HashMap` order), so the
-//! confirm that carries a return is often not the publish that was returned. The broker
-//! sends a publish's return before its ack, so by the time a publish's confirm completes,
-//! its return (if any) has been handed to some confirm that was registered before. The
-//! ledger therefore:
+//! `basic.return` carries no delivery tag. The broker sends a publish's return before the
+//! confirm that covers it, and the project's connection ([`super::wire`]) hands each return
+//! over before it reads the next frame; so by the time a publish's confirm completes, its
+//! return (if any) is in the pool. A publish then takes a return with its own content from
+//! the pool ([`ReturnPool::claim`]). Two messages with the same exchange, routing key,
+//! properties and body are interchangeable.
 //!
-//! 1. numbers every publish (`register`) and learns when each confirm completed and what it
-//!    carried (`resolve`): a carried return goes into a pool keyed by its content;
-//! 2. lets a publish decide only once every publish registered before its own confirm
-//!    completed has completed too (its *barrier*; `wait`);
-//! 3. then takes a return with its own content from the pool (`claim`). Two messages with
-//!    the same exchange, routing key, properties and body are interchangeable.
-//!
-//! A return still in the pool when no publish that could own it is left is stale (it
-//! matched nothing in flight); `claim` drops it and counts it.
+//! Each return remembers how many publishes had been numbered when it came: a publish
+//! numbered later cannot own it. A return still in the pool when no publish that could own
+//! it is left (its own publish was abandoned) is stale; `claim` drops it and counts it.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 use lapin::BasicProperties;
@@ -138,37 +132,28 @@ pub struct Return {
 #[derive(Debug)]
 struct Pooled {
     ret: Return,
-    /// Publishes numbered below this had been registered when the return was carried in:
-    /// only they can own it.
-    registered_before: u64,
+    /// Publishes numbered below this had been numbered when the return came: only they
+    /// can own it.
+    numbered_before: u64,
 }
 
-/// The publishes of one confirm channel and the returns their confirms carried. `W` is
-/// how a waiting publish is woken (a oneshot sender in the publisher; anything in tests).
+/// The returns of one confirm channel not yet claimed, and the publishes that may claim
+/// them.
 #[derive(Debug)]
-pub struct ReturnLedger<W> {
+pub struct ReturnPool {
     /// The number the next publish gets (numbers start at 1).
     next_seq: u64,
-    /// Every publish numbered up to this one has completed.
-    watermark: u64,
-    /// Completed publishes above the watermark.
-    completed_above: BTreeSet<u64>,
-    /// Registered publishes that have not claimed yet (the oldest bounds what is stale).
+    /// Numbered publishes that have not claimed yet (the oldest bounds what is stale).
     unclaimed: BTreeSet<u64>,
     pool: HashMap<Fingerprint, Vec<Pooled>>,
-    /// Publishes waiting for the watermark to reach their barrier.
-    waiters: BTreeMap<u64, Vec<W>>,
 }
 
-impl<W> Default for ReturnLedger<W> {
+impl Default for ReturnPool {
     fn default() -> Self {
         Self {
             next_seq: 1,
-            watermark: 0,
-            completed_above: BTreeSet::new(),
             unclaimed: BTreeSet::new(),
             pool: HashMap::new(),
-            waiters: BTreeMap::new(),
         }
     }
 }
@@ -182,8 +167,8 @@ pub struct Claimed {
     pub stale: usize,
 }
 
-impl<W> ReturnLedger<W> {
-    /// An empty ledger (a new channel).
+impl ReturnPool {
+    /// An empty pool (a new channel).
     pub fn new() -> Self {
         Self::default()
     }
@@ -196,53 +181,21 @@ impl<W> ReturnLedger<W> {
         seq
     }
 
-    /// Publish `seq` completed (confirmed, nacked, failed or timed out); `carried` is the
-    /// return its confirm carried, whoever it belongs to. Gives the publish's barrier and
-    /// the waiters the completion releases.
-    pub fn resolve(&mut self, seq: u64, carried: Option<(Fingerprint, Return)>) -> (u64, Vec<W>) {
-        if let Some((fingerprint, ret)) = carried {
-            self.pool.entry(fingerprint).or_default().push(Pooled {
-                ret,
-                registered_before: self.next_seq,
-            });
-        }
-        if seq > self.watermark {
-            self.completed_above.insert(seq);
-        }
-        let mut released = Vec::new();
-        while self.completed_above.remove(&(self.watermark + 1)) {
-            self.watermark += 1;
-        }
-        if !self.waiters.is_empty() {
-            let later = self.waiters.split_off(&(self.watermark + 1));
-            for (_, ws) in std::mem::replace(&mut self.waiters, later) {
-                released.extend(ws);
-            }
-        }
-        (self.next_seq - 1, released)
+    /// The broker returned a message whose content is `fingerprint`.
+    pub fn returned(&mut self, fingerprint: Fingerprint, ret: Return) {
+        self.pool.entry(fingerprint).or_default().push(Pooled {
+            ret,
+            numbered_before: self.next_seq,
+        });
     }
 
-    /// True when every publish up to `barrier` has completed.
-    pub fn passed(&self, barrier: u64) -> bool {
-        self.watermark >= barrier
-    }
-
-    /// Parks `waiter` until the watermark reaches `barrier`; gives it back when it already has.
-    pub fn wait(&mut self, barrier: u64, waiter: W) -> Option<W> {
-        if self.passed(barrier) {
-            return Some(waiter);
-        }
-        self.waiters.entry(barrier).or_default().push(waiter);
-        None
-    }
-
-    /// Publish `seq`, whose content is `fingerprint`, takes its return if the pool holds
-    /// one it can own. Call once per publish, after its barrier passed.
+    /// Publish `seq`, whose content is `fingerprint` and whose confirm came, takes its
+    /// return if the pool holds one it can own. Call once per publish.
     pub fn claim(&mut self, seq: u64, fingerprint: Fingerprint) -> Claimed {
         self.unclaimed.remove(&seq);
         let mut ret = None;
         if let Some(entries) = self.pool.get_mut(&fingerprint)
-            && let Some(i) = entries.iter().position(|p| seq < p.registered_before)
+            && let Some(i) = entries.iter().position(|p| seq < p.numbered_before)
         {
             ret = Some(entries.remove(i).ret);
             if entries.is_empty() {
@@ -251,12 +204,12 @@ impl<W> ReturnLedger<W> {
         }
         let mut stale = 0;
         if !self.pool.is_empty() {
-            // Publishes numbered from `oldest` on may still claim; a return carried in
-            // before `oldest` was registered belongs to none of them.
+            // Publishes numbered from `oldest` on may still claim; a return that came
+            // before `oldest` was numbered belongs to none of them.
             let oldest = self.unclaimed.first().copied().unwrap_or(self.next_seq);
             self.pool.retain(|_, entries| {
                 let before = entries.len();
-                entries.retain(|p| p.registered_before > oldest);
+                entries.retain(|p| p.numbered_before > oldest);
                 stale += before - entries.len();
                 !entries.is_empty()
             });
@@ -294,56 +247,37 @@ mod tests {
     }
 
     #[test]
-    fn a_return_carried_by_another_confirm_reaches_its_own_publish() {
-        let mut ledger = ReturnLedger::<u64>::new();
-        let (a, b) = (ledger.register(), ledger.register());
-        // b was returned; the broker acks a and b together; lapin gives b's return to a.
-        let (barrier_a, _) = ledger.resolve(a, Some((fp(2), no_return())));
-        let (barrier_b, released) = ledger.resolve(b, None);
-        assert!(released.is_empty());
-        assert!(ledger.passed(barrier_a) && ledger.passed(barrier_b));
-        assert_eq!(ledger.claim(a, fp(1)).ret, None);
-        assert_eq!(ledger.claim(b, fp(2)).ret, Some(no_return()));
-        assert_eq!(ledger.pooled(), 0);
+    fn a_publish_takes_the_return_with_its_own_content() {
+        let mut pool = ReturnPool::new();
+        let (a, b) = (pool.register(), pool.register());
+        // b was returned; its return came before either confirm.
+        pool.returned(fp(2), no_return());
+        assert_eq!(pool.claim(a, fp(1)).ret, None);
+        assert_eq!(pool.claim(b, fp(2)).ret, Some(no_return()));
+        assert_eq!(pool.pooled(), 0);
     }
 
     #[test]
-    fn a_publish_waits_for_every_confirm_registered_before_its_own_completed() {
-        let mut ledger = ReturnLedger::<&str>::new();
-        let (a, b) = (ledger.register(), ledger.register());
-        // b's confirm completes first (its waiter is woken only once a has completed too).
-        let (barrier_b, _) = ledger.resolve(b, None);
-        assert_eq!(barrier_b, b);
-        assert!(!ledger.passed(barrier_b));
-        assert_eq!(ledger.wait(barrier_b, "b"), None);
-        let (_, released) = ledger.resolve(a, Some((fp(2), no_return())));
-        assert_eq!(released, vec!["b"]);
-        assert_eq!(ledger.claim(b, fp(2)).ret, Some(no_return()));
-    }
-
-    #[test]
-    fn a_return_carried_in_before_a_publish_existed_is_not_its_own() {
-        let mut ledger = ReturnLedger::<()>::new();
-        let (a, b) = (ledger.register(), ledger.register());
-        // a's confirm carries a return of content 7 (b's, by content).
-        ledger.resolve(a, Some((fp(7), no_return())));
-        assert_eq!(ledger.claim(a, fp(1)).ret, None);
-        // c, with the same content, was registered after that return came in.
-        let c = ledger.register();
-        ledger.resolve(b, None);
-        ledger.resolve(c, None);
-        assert_eq!(ledger.claim(c, fp(7)).ret, None);
-        assert_eq!(ledger.claim(b, fp(7)).ret, Some(no_return()));
+    fn a_return_that_came_before_a_publish_was_numbered_is_not_its_own() {
+        let mut pool = ReturnPool::new();
+        let b = pool.register();
+        pool.returned(fp(7), no_return());
+        // c, with the same content, was numbered after that return came.
+        let c = pool.register();
+        assert_eq!(pool.claim(c, fp(7)).ret, None);
+        assert_eq!(pool.claim(b, fp(7)).ret, Some(no_return()));
     }
 
     #[test]
     fn a_return_no_publish_in_flight_can_own_is_dropped_as_stale() {
-        let mut ledger = ReturnLedger::<()>::new();
-        let a = ledger.register();
-        ledger.resolve(a, Some((fp(7), no_return())));
-        let claimed = ledger.claim(a, fp(1));
+        let mut pool = ReturnPool::new();
+        let (a, b) = (pool.register(), pool.register());
+        pool.returned(fp(7), no_return());
+        // b, whose return it was, went away without claiming.
+        pool.forget(b);
+        let claimed = pool.claim(a, fp(1));
         assert_eq!((claimed.ret, claimed.stale), (None, 1));
-        assert_eq!(ledger.pooled(), 0);
+        assert_eq!(pool.pooled(), 0);
     }
 
     #[test]
@@ -398,62 +332,50 @@ mod tests {
         .expect("test thread");
     }
 
-    /// lapin's behaviour, modelled: the broker sends each return before the ack that
-    /// covers its publish, acks in tag order (`multiple` up to a tag, or single), and lapin
-    /// hands the waiting returns FIFO to the confirms of an ack frame in an arbitrary order.
-    fn simulate(returned: &[bool], contents: &[u64], frames: &[(usize, u64)]) -> Vec<bool> {
+    /// The broker's behaviour: returns come in publish order, each before the confirm of
+    /// its own publish; confirms complete in any order after that. Each publish claims
+    /// when its confirm completes. Gives how many returns each content's publishes took.
+    fn simulate(returned: &[bool], contents: &[u64], order: &[usize]) -> HashMap<u64, usize> {
         let n = returned.len();
-        let mut ledger = ReturnLedger::<usize>::new();
-        let seqs: Vec<u64> = (0..n).map(|_| ledger.register()).collect();
-        let mut waiting_returns = std::collections::VecDeque::new();
-        let mut pending: Vec<usize> = (0..n).collect();
-        let mut decided = vec![None; n];
+        let mut pool = ReturnPool::new();
+        let seqs: Vec<u64> = (0..n).map(|_| pool.register()).collect();
+        // A confirm is ready once its own return (if any) came; returns come in order.
         let mut next_return = 0;
-        let mut frame = frames.iter().cycle();
-        while !pending.is_empty() {
-            let (take, shuffle) = *frame.next().unwrap();
-            let take = take.clamp(1, pending.len());
-            let mut batch: Vec<usize> = pending.drain(..take).collect();
-            // returns of this frame's publishes arrive before the ack
-            let last = *batch.iter().max().unwrap();
-            while next_return <= last {
+        let mut unconfirmed: Vec<usize> = (0..n).collect();
+        let mut took = HashMap::new();
+        let mut pick = order.iter().cycle();
+        while !unconfirmed.is_empty() {
+            let i = unconfirmed.remove(pick.next().unwrap() % unconfirmed.len());
+            while next_return <= i {
                 if returned[next_return] {
-                    waiting_returns.push_back(next_return);
+                    pool.returned(fp(contents[next_return]), no_return());
                 }
                 next_return += 1;
             }
-            // lapin completes the frame's confirms in hash order
-            let len = batch.len();
-            for i in 0..len {
-                batch.swap(i, (shuffle as usize).wrapping_mul(i + 7) % len);
-            }
-            // an owner decides as soon as it is released, before the rest of the frame
-            for i in batch {
-                let carried = waiting_returns
-                    .pop_front()
-                    .map(|owner| (fp(contents[owner]), no_return()));
-                let (barrier, mut woken) = ledger.resolve(seqs[i], carried);
-                woken.extend(ledger.wait(barrier, i));
-                for w in woken {
-                    decided[w] = Some(ledger.claim(seqs[w], fp(contents[w])).ret.is_some());
-                }
-            }
+            let claimed = pool.claim(seqs[i], fp(contents[i]));
+            assert_eq!(claimed.stale, 0, "no publish went away");
+            *took.entry(contents[i]).or_default() += usize::from(claimed.ret.is_some());
         }
-        assert_eq!(ledger.pooled(), 0, "every return was claimed");
-        decided.into_iter().map(|d| d.expect("decided")).collect()
+        assert_eq!(pool.pooled(), 0, "every return was claimed");
+        took
     }
 
     proptest! {
         #[test]
-        fn every_publish_learns_whether_it_was_returned(
+        fn every_return_is_taken_by_a_publish_of_its_content(
             messages in proptest::collection::vec((any::<bool>(), 0u64..4), 1..300),
-            frames in proptest::collection::vec((1usize..40, any::<u64>()), 1..20),
+            order in proptest::collection::vec(0usize..1000, 1..50),
         ) {
             let returned: Vec<bool> = messages.iter().map(|m| m.0).collect();
-            // content = (returned, group): identical content is interchangeable, so two
-            // messages with the same content are routed alike here.
-            let contents: Vec<u64> = messages.iter().map(|m| m.1 * 2 + m.0 as u64).collect();
-            prop_assert_eq!(simulate(&returned, &contents, &frames), returned);
+            let contents: Vec<u64> = messages.iter().map(|m| m.1).collect();
+            let mut expected: HashMap<u64, usize> = HashMap::new();
+            for (r, c) in returned.iter().zip(&contents) {
+                *expected.entry(*c).or_default() += usize::from(*r);
+            }
+            let took = simulate(&returned, &contents, &order);
+            for (content, count) in expected {
+                prop_assert_eq!(took.get(&content).copied().unwrap_or(0), count);
+            }
         }
     }
 }

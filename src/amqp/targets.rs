@@ -6,25 +6,24 @@
 //! Private channels for single publishes are few at a time, so that a burst of refusals
 //! cannot run the connection out of channels.
 //!
-//! A target's channel is used only once a passive declare on it found the exchange: lapin
-//! answers the broker's `channel.close` with `close-ok` ahead of the publish frames it still
-//! has queued for that channel, and the broker closes the whole connection for a publish on
-//! a closed channel ("expected 'channel.open'"). A burst to a missing target would otherwise
-//! cost the session; now it costs one passive declare, whose refusal every publish waiting
-//! for that channel shares.
+//! A target's channel is used only once a passive declare on it found the exchange. A
+//! client that answers the broker's `channel.close` with `close-ok` ahead of publish frames
+//! it still has queued for that channel makes the broker close the whole connection ("expected
+//! 'channel.open'"; lapin did). A burst to a missing target costs one passive declare,
+//! whose refusal every publish waiting for that channel shares.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lapin::Connection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::publisher::Publisher;
+use super::wire::{Connection, WireError};
 
 /// Lazily opened confirm channels, one per target exchange.
 pub struct TargetChannels {
-    connection: Arc<Connection>,
+    connection: Connection,
     confirm_timeout: Duration,
     /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
     /// of thousands of deliveries due at once must not queue on an async lock.
@@ -44,7 +43,7 @@ pub const ISOLATED_AT_ONCE: usize = 16;
 /// Why a target's channel could not be opened, and when that was known.
 struct FailedOpening {
     at: Instant,
-    error: lapin::Error,
+    error: WireError,
 }
 
 /// A private confirm channel for one publish, counted against [`ISOLATED_AT_ONCE`] until
@@ -61,15 +60,15 @@ impl Isolated {
     }
 
     /// Closes the channel and gives its place back.
-    pub async fn close(self, reason: &str) {
-        self.publisher.close(reason).await;
+    pub async fn close(self) {
+        self.publisher.close().await;
     }
 }
 
 impl TargetChannels {
     /// No channels yet; they open on first use. Each publish waits at most
     /// `confirm_timeout` for its confirm.
-    pub fn new(connection: Arc<Connection>, confirm_timeout: Duration) -> Self {
+    pub fn new(connection: Connection, confirm_timeout: Duration) -> Self {
         Self {
             connection,
             confirm_timeout,
@@ -85,7 +84,7 @@ impl TargetChannels {
     /// broker closed only that channel, with nothing queued on it). The empty key is the
     /// bridge's own channel ([`adopt`](Self::adopt)ed), which needs no check. Concurrent
     /// callers for the same key share one opening, and its failure.
-    pub async fn get(&self, key: &str) -> Result<Publisher, lapin::Error> {
+    pub async fn get(&self, key: &str) -> Result<Publisher, WireError> {
         if let Some(channel) = self.open_channel(key) {
             return Ok(channel);
         }
@@ -124,7 +123,7 @@ impl TargetChannels {
     }
 
     /// A new confirm channel for `key`, its exchange checked when it names one.
-    async fn open_checked(&self, key: &str) -> Result<Publisher, lapin::Error> {
+    async fn open_checked(&self, key: &str) -> Result<Publisher, WireError> {
         let opened = Publisher::open(&self.connection, self.confirm_timeout).await?;
         if !key.is_empty() {
             opened.check_exchange(key).await?;
@@ -143,7 +142,7 @@ impl TargetChannels {
     /// A private confirm channel for one publish that must not share the fate of others
     /// (after a refusal: every publish pending on a closed channel gets the same error).
     /// Waits while [`ISOLATED_AT_ONCE`] are open. The caller closes it.
-    pub async fn isolated(&self) -> Result<Isolated, lapin::Error> {
+    pub async fn isolated(&self) -> Result<Isolated, WireError> {
         let permit = self
             .isolated
             .clone()
@@ -171,7 +170,7 @@ impl TargetChannels {
             .map(|(_, c)| c)
             .collect();
         for publisher in publishers {
-            publisher.close("delay-bridge stopping").await;
+            publisher.close().await;
         }
     }
 }
@@ -188,13 +187,11 @@ mod tests {
 
     /// A connection to the test broker (`DELAY_BRIDGE_TEST_URL`, like the integration tests)
     /// and its target channels.
-    async fn connected() -> (Arc<Connection>, Arc<TargetChannels>) {
+    async fn connected() -> (Connection, Arc<TargetChannels>) {
         let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
-        let connection = Arc::new(
-            crate::amqp::connect(&url, "targets unit test")
-                .await
-                .expect("the test broker answers (run scripts/broker.sh)"),
-        );
+        let connection = crate::amqp::connect_wire(&url, "targets unit test")
+            .await
+            .expect("the test broker answers (run scripts/broker.sh)");
         let targets = Arc::new(TargetChannels::new(
             connection.clone(),
             Duration::from_secs(30),
@@ -223,14 +220,11 @@ mod tests {
         distinct.dedup();
         assert_eq!(distinct.len(), 1, "channels opened: {distinct:?}");
         targets.close_all().await;
-        let _ = connection.close(200, "done".into()).await;
+        connection.close().await;
     }
 
     /// A burst of publishes to a target exchange that does not exist costs its channel, never
-    /// the connection. lapin answers the broker's `channel.close` (404) with `close-ok` ahead
-    /// of the publish frames it still has queued for that channel; the broker reads those as
-    /// publishes on a closed channel and closes the whole connection ("expected
-    /// 'channel.open'"). So a target's channel is not used until the target is known to exist.
+    /// the connection: a target's channel is not used until the target is known to exist.
     #[tokio::test]
     async fn a_burst_to_a_missing_target_leaves_the_connection_open() {
         const ROUNDS: usize = 10;
@@ -270,12 +264,12 @@ mod tests {
                     answer
                         .as_ref()
                         .err()
-                        .and_then(crate::amqp::reply_code)
+                        .and_then(WireError::reply_code)
                         .is_some_and(|code| code == 404)
                 })
                 .count();
             assert!(
-                connection.status().connected(),
+                connection.is_open(),
                 "round {round}: the broker closed the connection"
             );
             assert_eq!(
@@ -284,6 +278,6 @@ mod tests {
             );
         }
         targets.close_all().await;
-        let _ = connection.close(200, "done".into()).await;
+        connection.close().await;
     }
 }

@@ -79,9 +79,8 @@ pub fn verdict(result: Result<Published, PublishError>) -> Verdict {
         Ok(Published::Returned { code, text }) => Verdict::Returned { code, text },
         Ok(Published::Nacked) => Verdict::Nacked,
         Err(PublishError::Broker(e)) => {
-            let refused = match e.kind() {
-                lapin::ErrorKind::ProtocolError(amqp) => {
-                    let (code, text) = (amqp.get_id(), amqp.get_message().as_str());
+            let refused = match (e.reply_code(), e.reply_text()) {
+                (Some(code), Some(text)) => {
                     refusal(code, text).map(|reason| (reason, culprit(code, text)))
                 }
                 _ => None,

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lapin::Connection;
 use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +17,7 @@ use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::verdict::{Culprit, Verdict, Whose, verdict, whose};
-use crate::amqp::wire::Delivery;
+use crate::amqp::wire::{self, Delivery};
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle;
 use crate::contract::{
@@ -152,11 +151,11 @@ pub(super) enum Outcome {
 }
 
 impl Carrier {
-    /// A carrier for one session on `connection`; `publish` is the session's own confirm
-    /// channel.
+    /// A carrier for one session publishing on `connection`; `publish` is the session's own
+    /// confirm channel.
     pub(super) fn new(
         shared: Arc<Shared>,
-        connection: &Arc<Connection>,
+        connection: &wire::Connection,
         publish: Publisher,
         events: mpsc::UnboundedSender<Event>,
         stop: CancellationToken,
@@ -168,7 +167,7 @@ impl Carrier {
             shared,
             targets,
             refusals: Arc::default(),
-            frame_max: connection.configuration().frame_max(),
+            frame_max: connection.tuned().frame_max,
             events,
             stop,
             bundles: Arc::default(),
@@ -777,7 +776,7 @@ impl Carrier {
             return match self.targets.isolated().await {
                 Ok(isolated) => {
                     let result = publish_on(isolated.publisher(), attempt).await;
-                    isolated.close("delay-bridge: single publish done").await;
+                    isolated.close().await;
                     verdict(result)
                 }
                 Err(e) => Verdict::Lost(PublishError::Broker(e)),

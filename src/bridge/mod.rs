@@ -46,7 +46,8 @@ pub enum BridgeError {
         /// The client error.
         source: lapin::Error,
     },
-    /// Consuming or acking failed mid-session (connection or channel lost).
+    /// Consuming, acking or opening a publishing channel failed mid-session (connection
+    /// or channel lost).
     #[error("{what}: {source}")]
     Wire {
         /// What the bridge was doing.
@@ -81,7 +82,7 @@ impl BridgeError {
     pub fn is_permanent(&self) -> bool {
         match self {
             BridgeError::Topology(e) => e.is_permanent(),
-            BridgeError::Connect(e) => matches!(amqp::reply_code(&e.source), Some(403 | 530)),
+            BridgeError::Connect(e) => matches!(e.reply_code(), Some(403 | 530)),
             _ => false,
         }
     }
@@ -93,11 +94,11 @@ impl BridgeError {
             BridgeError::Wire { source, .. } => {
                 return matches!(source, crate::amqp::wire::WireError::Unreadable(_));
             }
-            BridgeError::Broker { source, .. } => source,
             BridgeError::Publish {
                 source: amqp::PublishError::Broker(source),
                 ..
-            } => source,
+            } => return matches!(source, crate::amqp::wire::WireError::Unreadable(_)),
+            BridgeError::Broker { source, .. } => source,
             _ => return false,
         };
         amqp::is_unreadable_frame(source)
@@ -452,35 +453,31 @@ impl Bridge {
         url: &crate::config::BrokerUrl,
     ) -> Result<(), BridgeError> {
         let config = &self.shared.config;
-        let connection =
-            Arc::new(amqp::connect(url, &format!("delay-bridge {}", config.names.prefix())).await?);
-        let alarms = CancellationToken::new();
-        let _stop_alarm_log = alarms.clone().drop_guard();
-        let events = connection.events_listener();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = log_alarms(events) => {}
-                _ = alarms.cancelled() => {}
-            }
-        });
+        let prefix = config.names.prefix();
+        let connection = Arc::new(amqp::connect(url, &format!("delay-bridge {prefix}")).await?);
         self.shared.topology.declare(&connection).await?;
-        let consuming = crate::amqp::wire::Connection::open(
-            url,
-            &format!("delay-bridge {} consumer", config.names.prefix()),
-            WIRE_HEARTBEAT,
-        )
-        .await
-        .map_err(BridgeError::wire("connecting the consumer"))?;
+        let consuming = amqp::connect_wire(url, &format!("delay-bridge {prefix} consumer")).await?;
+        let publishing =
+            amqp::connect_wire(url, &format!("delay-bridge {prefix} publisher")).await?;
+        let alarms = tokio::spawn(log_alarms(publishing.blocked()));
         let result = session::run(
             self.shared.clone(),
             connection.clone(),
-            &consuming,
+            session::Wires {
+                consuming: &consuming,
+                publishing: &publishing,
+            },
             shutdown,
             &self.ready_tx,
         )
         .await;
+        alarms.abort();
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, consuming.close()).await;
-        // A broker under a resource alarm reads nothing, not even a close.
+        // A broker under a resource alarm reads nothing from a connection that publishes,
+        // not even a close: that one is dropped.
+        if publishing.blocked().borrow().is_none() {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, publishing.close()).await;
+        }
         if !connection.status().blocked() {
             let _ = tokio::time::timeout(
                 CLOSE_TIMEOUT,
@@ -492,10 +489,6 @@ impl Bridge {
     }
 }
 
-/// The heartbeat the consumer's connection asks for (lapin takes the broker's, 60 s by
-/// default).
-const WIRE_HEARTBEAT: Duration = Duration::from_secs(60);
-
 /// How long a sweep for unreadable deliveries may take.
 const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// A sweep stops when no delivery came for this long.
@@ -505,20 +498,24 @@ const SWEEP_IDLE: Duration = Duration::from_secs(1);
 /// the broker's answer.
 pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Logs the broker's flow control: `connection.blocked` (a memory or disk alarm) once at
-/// warn with its reason, and the unblock at info. Publishes wait meanwhile (their confirm
-/// deadline does not run); nothing is given up.
-async fn log_alarms(events: impl futures::Stream<Item = lapin::Event>) {
-    use futures::StreamExt;
-    futures::pin_mut!(events);
-    while let Some(event) = events.next().await {
-        match event {
-            lapin::Event::ConnectionBlocked(reason) => tracing::warn!(
-                %reason,
-                "the broker blocked publishing (resource alarm); deliveries wait until it unblocks"
-            ),
-            lapin::Event::ConnectionUnblocked => {
-                tracing::info!("the broker unblocked publishing; deliveries resume")
+/// Logs the broker's flow control on the publishing connection: `connection.blocked` (a
+/// memory or disk alarm) once at warn with its reason, and the unblock at info. Publishes
+/// wait meanwhile (their confirm deadline does not run); nothing is given up.
+async fn log_alarms(mut blocked: tokio::sync::watch::Receiver<Option<String>>) {
+    let mut was_blocked = false;
+    while blocked.changed().await.is_ok() {
+        let reason = blocked.borrow_and_update().clone();
+        match reason {
+            Some(reason) if !was_blocked => {
+                was_blocked = true;
+                tracing::warn!(
+                    %reason,
+                    "the broker blocked publishing (resource alarm); deliveries wait until it unblocks"
+                );
+            }
+            None if was_blocked => {
+                was_blocked = false;
+                tracing::info!("the broker unblocked publishing; deliveries resume");
             }
             _ => {}
         }

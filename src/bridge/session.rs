@@ -1,7 +1,8 @@
-//! One session on two connections: consume the work queue on the project's own connection
-//! ([`crate::amqp::wire`]), hand each delivery to a [`Carrier`] (which publishes on
-//! lapin's), fold what carriers report into batched acks, and drain on shutdown. This is the
-//! only place that acks.
+//! One session: consume the work queue on one of the project's own connections
+//! ([`crate::amqp::wire`]), hand each delivery to a [`Carrier`] (which publishes on the
+//! other), fold what carriers report into batched acks, and drain on shutdown. lapin's
+//! connection carries the cancel stream and the depth readings. This is the only place
+//! that acks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,16 +24,30 @@ use crate::amqp::wire::{self, Channel, Consumer, Delivery, Settle, WireError};
 /// from the consumer).
 const MAX_EVENT_BATCH: usize = 4096;
 
-/// Runs one session, consuming on `consuming` and publishing on `connection`, until
-/// shutdown drains it (`Ok`) or something breaks (`Err`: the caller reconnects).
+/// The session's two connections of the project's own: consuming and publishing apart, so
+/// that the broker's flow control on publishes never holds back the acks.
+pub(super) struct Wires<'a> {
+    /// Where the work queue is consumed and acked.
+    pub(super) consuming: &'a wire::Connection,
+    /// Where every hop, delivery and parked message is published.
+    pub(super) publishing: &'a wire::Connection,
+}
+
+/// Runs one session, consuming and publishing on `wires` and reading the cancel stream on
+/// `connection`, until shutdown drains it (`Ok`) or something breaks (`Err`: the caller
+/// reconnects).
 pub(super) async fn run(
     shared: Arc<Shared>,
     connection: Arc<Connection>,
-    consuming: &wire::Connection,
+    wires: Wires<'_>,
     shutdown: &CancellationToken,
     ready: &watch::Sender<bool>,
 ) -> Result<(), BridgeError> {
     let config = &shared.config;
+    let Wires {
+        consuming,
+        publishing,
+    } = wires;
     let consume = consuming
         .open_channel()
         .await
@@ -42,9 +57,9 @@ pub(super) async fn run(
         .qos(budget.window())
         .await
         .map_err(BridgeError::wire("setting prefetch"))?;
-    let publish = Publisher::open(&connection, config.confirm_timeout)
+    let publish = Publisher::open(publishing, config.confirm_timeout)
         .await
-        .map_err(BridgeError::broker("opening the publisher channel"))?;
+        .map_err(BridgeError::wire("opening the publisher channel"))?;
     let stop = CancellationToken::new();
     let _stop_carriers_on_exit = stop.clone().drop_guard();
     let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
@@ -59,16 +74,10 @@ pub(super) async fn run(
     tracing::info!(queue = %config.names.work_queue(), prefetch = config.prefetch, "consuming");
 
     let (events_tx, events) = mpsc::unbounded_channel();
-    let carrier = Carrier::new(
-        shared.clone(),
-        &connection,
-        publish,
-        events_tx,
-        stop.clone(),
-    );
+    let carrier = Carrier::new(shared.clone(), publishing, publish, events_tx, stop.clone());
     let mut session = Session {
         shared: shared.clone(),
-        connection: connection.clone(),
+        consumer_blocked: consuming.blocked(),
         consume,
         consumer: Some(consumer),
         consumer_tag,
@@ -82,12 +91,17 @@ pub(super) async fn run(
         follower: Some(follower),
         consuming: true,
     };
-    let result = session.drive(shutdown).await;
+    // A publishing connection that fails ends the session at once, not at the next
+    // publish.
+    let result = tokio::select! {
+        result = session.drive(shutdown) => result,
+        error = publishing.failed() => Err(BridgeError::wire("publishing")(error)),
+    };
     session.stop.cancel();
     // What this session held goes back to the broker with it.
     shared.stats.held.store(0, Ordering::Relaxed);
     shared.stats.in_flight.store(0, Ordering::Relaxed);
-    if result.is_ok() && !connection.status().blocked() {
+    if result.is_ok() && publishing.blocked().borrow().is_none() {
         // Close our channels before the connection closes, so nothing is cut mid-frame
         // (bounded: a broker that blocks now reads nothing).
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
@@ -123,7 +137,8 @@ async fn consume_work_queue(
 /// The state of one session.
 struct Session {
     shared: Arc<Shared>,
-    connection: Arc<Connection>,
+    /// Set while the broker blocks the consuming connection (it then reads nothing).
+    consumer_blocked: watch::Receiver<Option<String>>,
     /// The channel the work queue is consumed and acked on.
     consume: Channel,
     /// The work-queue consumer; `None` once a paused one has handed over its last delivery.
@@ -316,7 +331,7 @@ impl Session {
             || self.consumer.is_some()
             || !self.consuming
             || !self.budget.may_resume()
-            || self.connection.status().blocked()
+            || self.consumer_blocked.borrow().is_some()
         {
             return Ok(());
         }
@@ -344,7 +359,7 @@ impl Session {
         );
         // A broker under a resource alarm reads nothing, not even a cancel. A consumer
         // being replaced was cancelled already.
-        if !self.replacing && !self.connection.status().blocked() {
+        if !self.replacing && self.consumer_blocked.borrow().is_none() {
             let _ = tokio::time::timeout(
                 CLOSE_TIMEOUT,
                 self.consume.cancel(&self.consumer_tag.as_str().into()),

@@ -19,7 +19,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use filter::{Filter, replay_properties};
-pub use ops::{Action, Outcome, Report, act};
+pub use ops::{Action, Outcome, ReplayOn, Report, act};
 pub use unreadable::{act_at, peek, set_aside_unreadable};
 
 use crate::contract::{bundle, header};
@@ -48,6 +48,9 @@ pub enum ParkedError {
         /// The client error.
         source: lapin::Error,
     },
+    /// A replay was asked for without a connection to publish the copies on.
+    #[error("a replay needs a connection to publish on")]
+    NoReplayConnection,
     /// A replayed copy got no answer from the broker (the message stays parked).
     #[error("replaying into the work exchange: {0}")]
     Replay(#[from] crate::amqp::PublishError),

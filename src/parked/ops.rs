@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
 use crate::amqp;
 use crate::amqp::publisher::Publisher;
+use crate::amqp::wire;
 use crate::amqp::{Published, queue_counts, reply_code};
 use crate::clock::now_ms;
 use crate::naming::Names;
@@ -75,27 +76,26 @@ impl Report {
 /// run it only says what it would do. Whatever it does not remove goes back to the queue,
 /// in its order, when its channel closes. A replayed message is removed only after the
 /// broker confirmed its copy in the work queue: a replay stopped at any point leaves each
-/// message parked, replayed, or (confirmed but not yet removed) both.
+/// message parked, replayed, or (confirmed but not yet removed) both. A replay publishes on
+/// `replay_on`.
 pub async fn act(
     connection: &Connection,
+    replay_on: Option<ReplayOn<'_>>,
     names: &Names,
     action: Action,
     filter: &Filter,
     limit: usize,
     dry_run: bool,
-    confirm_timeout: Duration,
 ) -> Result<Report, ParkedError> {
     let queue = names.parked_queue();
-    let replay_into = match (action, dry_run) {
-        (Action::Replay, false) => Some((
-            Publisher::open(connection, confirm_timeout)
+    let replay_into = match (action, dry_run, replay_on) {
+        (Action::Replay, false, Some(on)) => Some((
+            Publisher::open(on.connection, on.confirm_timeout)
                 .await
-                .map_err(|source| ParkedError::Read {
-                    queue: queue.clone(),
-                    source,
-                })?,
+                .map_err(|e| ParkedError::Replay(e.into()))?,
             ShortString::from(names.work_exchange()),
         )),
+        (Action::Replay, false, None) => return Err(ParkedError::NoReplayConnection),
         _ => None,
     };
     act_on(
@@ -108,6 +108,16 @@ pub async fn act(
         dry_run,
     )
     .await
+}
+
+/// Where a replay publishes its copies: a connection of the project's own, and how long
+/// each copy waits for its confirm.
+#[derive(Clone, Copy)]
+pub struct ReplayOn<'a> {
+    /// The connection to publish on.
+    pub connection: &'a wire::Connection,
+    /// How long a copy waits for the broker's confirm.
+    pub confirm_timeout: Duration,
 }
 
 /// [`act`] on the parked queue `queue`; a replay publishes with the publisher into the
@@ -242,7 +252,7 @@ async fn act_on(
     // Closing the channel hands every message not removed back to the queue.
     let _ = channel.close(200, "done".into()).await;
     if let Some((publisher, _)) = replay_into {
-        publisher.close("done").await;
+        publisher.close().await;
     }
     result?;
     Ok(report)

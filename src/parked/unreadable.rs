@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::{Action, Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, Report, act};
+use super::{Action, Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, ReplayOn, Report, act};
 use crate::amqp::{self, SweepError};
 use crate::config::Config;
 
@@ -61,17 +61,29 @@ pub async fn act_at(
     let mut attempt = 1;
     loop {
         let connection = amqp::connect(config.url(), "delay-bridge parked").await?;
+        let replay_on = match (action, dry_run) {
+            (Action::Replay, false) => {
+                Some(amqp::connect_wire(config.url(), "delay-bridge parked replay").await?)
+            }
+            _ => None,
+        };
         let result = act(
             &connection,
+            replay_on.as_ref().map(|connection| ReplayOn {
+                connection,
+                confirm_timeout: config.confirm_timeout,
+            }),
             &config.names,
             action,
             filter,
             limit,
             dry_run,
-            config.confirm_timeout,
         )
         .await;
         let _ = connection.close(200, "done".into()).await;
+        if let Some(replay_on) = replay_on {
+            replay_on.close().await;
+        }
         match result {
             Ok(report) => {
                 return Ok(Report {

@@ -129,14 +129,17 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
     w.cleanup().await;
 }
 
-/// Which of the bridge's two connections a test closes.
+/// Which of the bridge's three connections a test closes.
 #[derive(Clone, Copy)]
 enum Lost {
-    Both,
+    /// Every one of them (`delay-bridge <prefix>` and what its name begins).
+    All,
     /// `delay-bridge <prefix> consumer`, the work queue's.
     Consumer,
-    /// `delay-bridge <prefix>`, the one that publishes.
+    /// `delay-bridge <prefix> publisher`, the one that publishes.
     Publisher,
+    /// `delay-bridge <prefix>`, the one that declares and reads the cancel stream.
+    Control,
 }
 
 /// Closes `lost` mid-stream: the session ends on the other connection too, the next one
@@ -148,9 +151,10 @@ async fn lose_connections(test: &str, lost: Lost) {
     let mut got = w.recv_n(20, 10 * SEC).await;
     let name = format!("delay-bridge {}", w.prefix());
     let (closed, expected) = match lost {
-        Lost::Both => (close_connections_named(&name), 2),
+        Lost::All => (close_connections_named(&name), 3),
         Lost::Consumer => (close_connections_named(&format!("{name} consumer")), 1),
-        Lost::Publisher => (close_connections_named_exactly(&name), 1),
+        Lost::Publisher => (close_connections_named(&format!("{name} publisher")), 1),
+        Lost::Control => (close_connections_named_exactly(&name), 1),
     };
     assert_eq!(
         closed, expected,
@@ -168,7 +172,7 @@ async fn lose_connections(test: &str, lost: Lost) {
 
 #[tokio::test]
 async fn a_lost_connection_is_reconnected_and_nothing_is_lost() {
-    lose_connections("reconnect", Lost::Both).await;
+    lose_connections("reconnect", Lost::All).await;
 }
 
 #[tokio::test]
@@ -179,6 +183,11 @@ async fn a_lost_consumer_connection_is_reconnected_and_nothing_is_lost() {
 #[tokio::test]
 async fn a_lost_publishing_connection_is_reconnected_and_nothing_is_lost() {
     lose_connections("reconnect-publisher", Lost::Publisher).await;
+}
+
+#[tokio::test]
+async fn a_lost_control_connection_is_reconnected_and_nothing_is_lost() {
+    lose_connections("reconnect-control", Lost::Control).await;
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use amq_protocol::frame::AMQPContentHeader;
-use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, confirm};
+use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, confirm, exchange};
 use lapin::types::{FieldTable, ShortString};
 use tokio::sync::{mpsc, oneshot};
 
@@ -358,6 +358,28 @@ impl Channel {
             .await?;
         expect(reply, |m| {
             matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)))
+        })
+    }
+
+    /// `Ok` when `exchange` exists (a passive declare). A missing one is a 404 channel
+    /// error ([`WireError::Closed`]), and the channel is then gone.
+    pub async fn check_exchange(&self, name: &str) -> Result<(), WireError> {
+        let reply = self
+            .call(AMQPClass::Exchange(exchange::AMQPMethod::Declare(
+                exchange::Declare {
+                    exchange: name.into(),
+                    kind: "direct".into(),
+                    passive: true,
+                    durable: false,
+                    auto_delete: false,
+                    internal: false,
+                    nowait: false,
+                    arguments: FieldTable::default(),
+                },
+            )))
+            .await?;
+        expect(reply, |m| {
+            matches!(m, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_)))
         })
     }
 

@@ -98,6 +98,22 @@ impl WireError {
         Self::Io(Arc::new(error))
     }
 
+    /// The broker's reply code, when the broker closed the channel or the connection.
+    pub fn reply_code(&self) -> Option<u16> {
+        match self {
+            Self::Closed { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The broker's reply text, when the broker closed the channel or the connection.
+    pub fn reply_text(&self) -> Option<&str> {
+        match self {
+            Self::Closed { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
     /// True for a channel error: the channel is gone, the connection is not.
     pub fn is_channel_error(&self) -> bool {
         matches!(
@@ -129,8 +145,8 @@ pub(super) struct Inner {
     failure: OnceLock<WireError>,
     /// Cancelled when the connection failed: the writer and the heartbeat stop.
     stop: CancellationToken,
-    /// True while the broker blocks publishing (a resource alarm).
-    blocked: watch::Sender<bool>,
+    /// The broker's reason while it blocks publishing (a resource alarm), else `None`.
+    blocked: watch::Sender<Option<String>>,
     tuned: Tuned,
     /// When the connection opened, and milliseconds after it that the last frame came.
     opened: Instant,
@@ -156,7 +172,6 @@ impl Inner {
         for shared in channels {
             shared.fail(&error);
         }
-        self.blocked.send_replace(false);
     }
 
     /// Why the connection failed, once it has.
@@ -206,12 +221,12 @@ impl Inner {
             AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => {
                 Err(WireError::ConnectionClosed)
             }
-            AMQPClass::Connection(connection::AMQPMethod::Blocked(_)) => {
-                self.blocked.send_replace(true);
+            AMQPClass::Connection(connection::AMQPMethod::Blocked(blocked)) => {
+                self.blocked.send_replace(Some(blocked.reason.to_string()));
                 Ok(())
             }
             AMQPClass::Connection(connection::AMQPMethod::Unblocked(_)) => {
-                self.blocked.send_replace(false);
+                self.blocked.send_replace(None);
                 Ok(())
             }
             other => Err(WireError::Unexpected(format!("{other:?} on channel 0"))),
@@ -244,7 +259,7 @@ impl Connection {
             }),
             failure: OnceLock::new(),
             stop: CancellationToken::new(),
-            blocked: watch::Sender::new(false),
+            blocked: watch::Sender::new(None),
             tuned,
             opened: Instant::now(),
             heard_at_ms: AtomicU64::new(0),
@@ -326,9 +341,9 @@ impl Connection {
         self.inner.error().unwrap_or(WireError::ConnectionClosed)
     }
 
-    /// True while the broker blocks publishing on this connection (a resource alarm), and
-    /// changes as it does.
-    pub fn blocked(&self) -> watch::Receiver<bool> {
+    /// The broker's reason while it blocks publishing on this connection (a resource
+    /// alarm: `low on memory`, say), `None` while it does not; changes as it does.
+    pub fn blocked(&self) -> watch::Receiver<Option<String>> {
         self.inner.blocked.subscribe()
     }
 
