@@ -25,8 +25,9 @@
 //!
 //! AMQP edge:
 //! - [`amqp`]: connecting; the project's own AMQP connection (`wire`, on which the bridge
-//!   consumes); inside the crate, the one confirmed, mandatory publish, which matches
-//!   returns to their own publish and decides what a result means.
+//!   consumes and every confirmed publish goes); inside the crate, the one confirmed,
+//!   mandatory publish, which matches returns to their own publish and decides what a
+//!   result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
 //!   expired messages that its dead-letter worker has not forwarded, bytes).

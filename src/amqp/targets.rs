@@ -280,4 +280,84 @@ mod tests {
         targets.close_all().await;
         connection.close().await;
     }
+
+    /// An exchange deleted under a burst of publishes on its channel costs that channel,
+    /// never the connection: the broker closes the channel at the first publish after the
+    /// delete, with many more queued behind it, and the channel's `close-ok` goes out after
+    /// every publish frame queued for it, so the broker sees no publish on a closed channel. (lapin answered
+    /// the close ahead of publishes it still had queued, and the broker closed the whole
+    /// connection: "expected 'channel.open'".)
+    #[tokio::test]
+    async fn an_exchange_deleted_under_a_burst_leaves_the_connection_open() {
+        const ROUNDS: usize = 10;
+        const PUBLISHES: usize = 2000;
+        let (connection, targets) = connected().await;
+        let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
+        let admin = crate::amqp::connect(&url, "targets unit test admin")
+            .await
+            .expect("the test broker answers");
+        let declaring = admin.create_channel().await.expect("a channel");
+        for round in 0..ROUNDS {
+            let target = format!("targets-test-deleted-{:08x}", rand::random::<u32>());
+            declaring
+                .exchange_declare(
+                    target.as_str().into(),
+                    lapin::ExchangeKind::Fanout,
+                    lapin::options::ExchangeDeclareOptions::default(),
+                    lapin::types::FieldTable::default(),
+                )
+                .await
+                .expect("the test exchange");
+            let publisher = targets.get(&target).await.expect("its channel");
+            let publishes = (0..PUBLISHES).map(|_| {
+                let (publisher, target) = (publisher.clone(), target.clone());
+                tokio::spawn(async move {
+                    publisher
+                        .publish(
+                            target.as_str().into(),
+                            "key".into(),
+                            b"body",
+                            lapin::BasicProperties::default(),
+                        )
+                        .await
+                })
+            });
+            let publishes: Vec<_> = publishes.collect();
+            declaring
+                .exchange_delete(
+                    target.as_str().into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await
+                .expect("the test exchange deleted");
+            let answers = tokio::time::timeout(
+                Duration::from_secs(60),
+                futures::future::join_all(publishes),
+            )
+            .await
+            .expect("every publish answered within 60 s");
+            let mut refused = 0;
+            for answer in answers.into_iter().map(|joined| joined.expect("task")) {
+                match answer {
+                    Ok(_) => {}
+                    Err(crate::amqp::PublishError::Broker(e)) if e.reply_code() == Some(404) => {
+                        refused += 1
+                    }
+                    Err(other) => panic!("round {round}: {other}"),
+                }
+            }
+            println!("round {round}: {refused} of {PUBLISHES} refused 404");
+            assert!(
+                connection.is_open(),
+                "round {round}: the broker closed the connection ({refused} refused 404)"
+            );
+            assert!(
+                refused > 0,
+                "round {round}: the burst ended before the delete"
+            );
+        }
+        targets.close_all().await;
+        connection.close().await;
+        let _ = admin.close(200, "done".into()).await;
+    }
 }
