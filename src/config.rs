@@ -682,7 +682,7 @@ pub mod defaults {
     /// `bridge.prefetch`
     pub const PREFETCH: u32 = 4000;
     /// `bridge.worker_threads`
-    pub const WORKER_THREADS: u32 = 1;
+    pub const WORKER_THREADS: u32 = 2;
     /// The most `bridge.worker_threads` accepted.
     pub const MAX_WORKER_THREADS: u32 = 64;
     /// `bridge.shutdown_timeout`
@@ -1292,7 +1292,7 @@ mod tests {
         assert_eq!(c.margin, Duration::from_millis(250));
         assert_eq!(c.max_delay, Duration::from_secs(366 * 86_400));
         assert_eq!(c.prefetch, 4000);
-        assert_eq!(c.worker_threads, 1);
+        assert_eq!(c.worker_threads, 2);
         assert_eq!(c.cancel_grace, Duration::from_secs(86_400));
         assert_eq!(
             c.routes,

@@ -272,6 +272,51 @@ async fn a_channel_error_fails_its_channel_and_leaves_the_others_working() {
     queue.delete().await;
 }
 
+/// Once `close` has begun, the channel takes no more publishes: a publish sent after the
+/// broker's `close-ok` would be on a closed channel, which costs the whole connection.
+#[tokio::test]
+async fn a_channel_being_closed_takes_no_more_publishes() {
+    use futures::FutureExt;
+    let queue = TestQueue::declare("wire-closing").await;
+    let connection = open("delay-bridge test wire closing").await;
+    let channel = confirm_channel(&connection).await;
+    let confirm = channel
+        .publish(
+            "",
+            &queue.name,
+            true,
+            &BasicProperties::default(),
+            b"before",
+        )
+        .unwrap();
+    let mut closing = Box::pin(channel.close());
+    assert!(
+        (&mut closing).now_or_never().is_none(),
+        "the close waits for the broker"
+    );
+    match channel.publish("", &queue.name, true, &BasicProperties::default(), b"after") {
+        Err(WireError::ChannelClosed) => {}
+        Err(other) => panic!("expected ChannelClosed, got {other}"),
+        Ok(_) => panic!("a publish went out on a channel being closed"),
+    }
+    tokio::time::timeout(WITHIN, closing)
+        .await
+        .expect("closed in time")
+        .expect("the broker answered the close");
+    // The broker may answer the close before it confirms what came before it: that
+    // publish then fails with the channel; it does not hang.
+    let confirmed = tokio::time::timeout(WITHIN, confirm)
+        .await
+        .expect("in time");
+    assert!(
+        matches!(confirmed, Ok(Confirm::Ack) | Err(WireError::ChannelClosed)),
+        "what was published before the close is settled: {confirmed:?}"
+    );
+    assert!(connection.is_open());
+    connection.close().await;
+    queue.delete().await;
+}
+
 #[tokio::test]
 async fn a_connection_the_broker_closes_fails_every_waiter() {
     let queue = TestQueue::declare("wire-closed").await;

@@ -539,17 +539,31 @@ impl Channel {
     }
 
     /// Closes the channel (the broker gives back what it delivered and was not acked).
+    /// From the moment it begins, the channel takes nothing more to send: a frame the broker
+    /// read after its `close-ok` would be on a closed channel, and it closes the whole
+    /// connection for that. Confirms and deliveries already on their way still arrive.
     pub async fn close(&self) -> Result<(), WireError> {
-        let reply = self
-            .call(AMQPClass::Channel(channel::AMQPMethod::Close(
-                channel::Close {
-                    reply_code: 200,
-                    reply_text: "done".into(),
-                    class_id: 0,
-                    method_id: 0,
-                },
-            )))
-            .await?;
+        let (waiter, reply) = oneshot::channel();
+        {
+            let mut state = self.shared.state();
+            if let Some(error) = &state.closed {
+                return Err(error.clone());
+            }
+            self.inner.outbox.send(|frames| {
+                frames.method(
+                    self.shared.id,
+                    AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                        reply_code: 200,
+                        reply_text: "done".into(),
+                        class_id: 0,
+                        method_id: 0,
+                    })),
+                )
+            })?;
+            state.closed = Some(WireError::ChannelClosed);
+            state.replies.push_back(waiter);
+        }
+        let reply = reply.await.map_err(|_| self.gone())??;
         expect(reply, |m| {
             matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
         })
