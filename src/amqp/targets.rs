@@ -199,6 +199,21 @@ mod tests {
         (connection, targets)
     }
 
+    /// One publish of a small body to the exchange `target`.
+    async fn publish_to(
+        publisher: &Publisher,
+        target: &str,
+    ) -> Result<crate::amqp::Published, crate::amqp::PublishError> {
+        publisher
+            .publish(
+                target.into(),
+                "key".into(),
+                b"body",
+                lapin::BasicProperties::default(),
+            )
+            .await
+    }
+
     /// A burst of deliveries to a target that has no channel yet opens one channel between
     /// them, not one each: 3000 at once would exceed the broker's 2047 channels per
     /// connection. (Needs the test broker, like the integration tests.)
@@ -236,13 +251,7 @@ mod tests {
                 let (targets, target) = (targets.clone(), target.clone());
                 tokio::spawn(async move {
                     let publisher = targets.get(&target).await?;
-                    publisher
-                        .publish(
-                            target.as_str().into(),
-                            "key".into(),
-                            b"body",
-                            lapin::BasicProperties::default(),
-                        )
+                    publish_to(&publisher, &target)
                         .await
                         .map(|_| ())
                         .map_err(|e| match e {
@@ -284,9 +293,9 @@ mod tests {
     /// An exchange deleted under a burst of publishes on its channel costs that channel,
     /// never the connection: the broker closes the channel at the first publish after the
     /// delete, with many more queued behind it, and the channel's `close-ok` goes out after
-    /// every publish frame queued for it, so the broker sees no publish on a closed channel. (lapin answered
-    /// the close ahead of publishes it still had queued, and the broker closed the whole
-    /// connection: "expected 'channel.open'".)
+    /// every publish frame queued for it, so the broker sees no publish on a closed
+    /// channel. (lapin answered the close ahead of publishes it still had queued, and the
+    /// broker closed the whole connection: "expected 'channel.open'".)
     #[tokio::test]
     async fn an_exchange_deleted_under_a_burst_leaves_the_connection_open() {
         const ROUNDS: usize = 10;
@@ -309,20 +318,12 @@ mod tests {
                 .await
                 .expect("the test exchange");
             let publisher = targets.get(&target).await.expect("its channel");
-            let publishes = (0..PUBLISHES).map(|_| {
-                let (publisher, target) = (publisher.clone(), target.clone());
-                tokio::spawn(async move {
-                    publisher
-                        .publish(
-                            target.as_str().into(),
-                            "key".into(),
-                            b"body",
-                            lapin::BasicProperties::default(),
-                        )
-                        .await
+            let publishes: Vec<_> = (0..PUBLISHES)
+                .map(|_| {
+                    let (publisher, target) = (publisher.clone(), target.clone());
+                    tokio::spawn(async move { publish_to(&publisher, &target).await })
                 })
-            });
-            let publishes: Vec<_> = publishes.collect();
+                .collect();
             declaring
                 .exchange_delete(
                     target.as_str().into(),

@@ -8,12 +8,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use amq_protocol::protocol::{AMQPClass, exchange};
 use delay_bridge::amqp::wire::{Channel, Confirm, Connection, Consumer, Delivery, WireError};
 use delay_bridge::config::BrokerUrl;
 use lapin::BasicProperties;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::support::*;
 
@@ -234,17 +233,10 @@ async fn a_channel_error_fails_its_channel_and_leaves_the_others_working() {
     let connection = open("delay-bridge test wire channel error").await;
     let doomed = connection.open_channel().await.unwrap();
     let working = confirm_channel(&connection).await;
-    let missing = AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
-        exchange: ShortString::from(format!("{}-missing", queue.name)),
-        kind: "direct".into(),
-        passive: true,
-        durable: false,
-        auto_delete: false,
-        internal: false,
-        nowait: false,
-        arguments: FieldTable::default(),
-    }));
-    match doomed.call(missing).await {
+    match doomed
+        .check_exchange(&format!("{}-missing", queue.name))
+        .await
+    {
         Err(WireError::Closed {
             what: "channel",
             code: 404,
