@@ -105,8 +105,6 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<Published, PublishError> {
-        let fingerprint =
-            Fingerprint::of(exchange.as_str(), routing_key.as_str(), &properties, body);
         let mut entry = Entry {
             seq: lock(&self.returns).register(),
             returns: &self.returns,
@@ -127,7 +125,8 @@ impl Publisher {
                 return Err(PublishError::ConfirmTimeout(self.confirm_timeout));
             }
         };
-        let claimed = entry.claim(fingerprint);
+        let claimed = entry
+            .claim(|| Fingerprint::of(exchange.as_str(), routing_key.as_str(), &properties, body));
         if claimed.stale > 0 {
             tracing::error!(
                 stale = claimed.stale,
@@ -172,8 +171,8 @@ struct Entry<'a> {
 }
 
 impl Entry<'_> {
-    /// Takes this publish's return, if it has one.
-    fn claim(&mut self, fingerprint: Fingerprint) -> Claimed {
+    /// Takes this publish's return, if it has one (`fingerprint` gives its content's).
+    fn claim(&mut self, fingerprint: impl FnOnce() -> Fingerprint) -> Claimed {
         self.claimed = true;
         lock(self.returns).claim(self.seq, fingerprint)
     }

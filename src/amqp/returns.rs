@@ -189,10 +189,18 @@ impl ReturnPool {
         });
     }
 
-    /// Publish `seq`, whose content is `fingerprint` and whose confirm came, takes its
-    /// return if the pool holds one it can own. Call once per publish.
-    pub fn claim(&mut self, seq: u64, fingerprint: Fingerprint) -> Claimed {
+    /// Publish `seq`, whose confirm came, takes its return if the pool holds one it can
+    /// own. Its content's `fingerprint` is computed only when some return waits in the pool
+    /// (returns are rare; hashing every body is not free). Call once per publish.
+    pub fn claim(&mut self, seq: u64, fingerprint: impl FnOnce() -> Fingerprint) -> Claimed {
         self.unclaimed.remove(&seq);
+        if self.pool.is_empty() {
+            return Claimed {
+                ret: None,
+                stale: 0,
+            };
+        }
+        let fingerprint = fingerprint();
         let mut ret = None;
         if let Some(entries) = self.pool.get_mut(&fingerprint)
             && let Some(i) = entries.iter().position(|p| seq < p.numbered_before)
@@ -252,8 +260,8 @@ mod tests {
         let (a, b) = (pool.register(), pool.register());
         // b was returned; its return came before either confirm.
         pool.returned(fp(2), no_return());
-        assert_eq!(pool.claim(a, fp(1)).ret, None);
-        assert_eq!(pool.claim(b, fp(2)).ret, Some(no_return()));
+        assert_eq!(pool.claim(a, || fp(1)).ret, None);
+        assert_eq!(pool.claim(b, || fp(2)).ret, Some(no_return()));
         assert_eq!(pool.pooled(), 0);
     }
 
@@ -264,8 +272,8 @@ mod tests {
         pool.returned(fp(7), no_return());
         // c, with the same content, was numbered after that return came.
         let c = pool.register();
-        assert_eq!(pool.claim(c, fp(7)).ret, None);
-        assert_eq!(pool.claim(b, fp(7)).ret, Some(no_return()));
+        assert_eq!(pool.claim(c, || fp(7)).ret, None);
+        assert_eq!(pool.claim(b, || fp(7)).ret, Some(no_return()));
     }
 
     #[test]
@@ -275,7 +283,7 @@ mod tests {
         pool.returned(fp(7), no_return());
         // b, whose return it was, went away without claiming.
         pool.forget(b);
-        let claimed = pool.claim(a, fp(1));
+        let claimed = pool.claim(a, || fp(1));
         assert_eq!((claimed.ret, claimed.stale), (None, 1));
         assert_eq!(pool.pooled(), 0);
     }
@@ -352,7 +360,7 @@ mod tests {
                 }
                 next_return += 1;
             }
-            let claimed = pool.claim(seqs[i], fp(contents[i]));
+            let claimed = pool.claim(seqs[i], || fp(contents[i]));
             assert_eq!(claimed.stale, 0, "no publish went away");
             *took.entry(contents[i]).or_default() += usize::from(claimed.ret.is_some());
         }

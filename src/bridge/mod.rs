@@ -91,10 +91,8 @@ impl BridgeError {
     /// delivery with a short string that is not UTF-8 (see [`crate::amqp::unreadable`]).
     fn is_unreadable_frame(&self) -> bool {
         let source = match self {
-            BridgeError::Wire { source, .. } => {
-                return matches!(source, crate::amqp::wire::WireError::Unreadable(_));
-            }
-            BridgeError::Publish {
+            BridgeError::Wire { source, .. }
+            | BridgeError::Publish {
                 source: amqp::PublishError::Broker(source),
                 ..
             } => return matches!(source, crate::amqp::wire::WireError::Unreadable(_)),

@@ -318,6 +318,12 @@ impl Channel {
     /// an exchange that does not exist, say) comes back as [`WireError::Closed`], and the
     /// channel is then gone.
     pub async fn call(&self, method: AMQPClass) -> Result<AMQPClass, WireError> {
+        self.request(method, false).await
+    }
+
+    /// Sends `method` and waits for its reply; with `last`, the channel takes nothing more
+    /// to send from the moment it is sent (a close).
+    async fn request(&self, method: AMQPClass, last: bool) -> Result<AMQPClass, WireError> {
         let (waiter, reply) = oneshot::channel();
         {
             let mut state = self.shared.state();
@@ -327,6 +333,9 @@ impl Channel {
             self.inner
                 .outbox
                 .send(|frames| frames.method(self.shared.id, method))?;
+            if last {
+                state.closed = Some(WireError::ChannelClosed);
+            }
             state.replies.push_back(waiter);
         }
         reply.await.map_err(|_| self.gone())?
@@ -543,27 +552,13 @@ impl Channel {
     /// read after its `close-ok` would be on a closed channel, and it closes the whole
     /// connection for that. Confirms and deliveries already on their way still arrive.
     pub async fn close(&self) -> Result<(), WireError> {
-        let (waiter, reply) = oneshot::channel();
-        {
-            let mut state = self.shared.state();
-            if let Some(error) = &state.closed {
-                return Err(error.clone());
-            }
-            self.inner.outbox.send(|frames| {
-                frames.method(
-                    self.shared.id,
-                    AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
-                        reply_code: 200,
-                        reply_text: "done".into(),
-                        class_id: 0,
-                        method_id: 0,
-                    })),
-                )
-            })?;
-            state.closed = Some(WireError::ChannelClosed);
-            state.replies.push_back(waiter);
-        }
-        let reply = reply.await.map_err(|_| self.gone())??;
+        let close = AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+            reply_code: 200,
+            reply_text: "done".into(),
+            class_id: 0,
+            method_id: 0,
+        }));
+        let reply = self.request(close, true).await?;
         expect(reply, |m| {
             matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
         })
