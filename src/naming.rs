@@ -28,9 +28,17 @@ impl Names {
         format!("{}.work", self.prefix)
     }
 
-    /// The queue the bridge consumes: new and expired messages (`<prefix>.work`).
+    /// The queue new messages enter, from every route's ingress exchange (`<prefix>.work`).
+    /// The bridge consumes it.
     pub fn work_queue(&self) -> String {
         format!("{}.work", self.prefix)
+    }
+
+    /// The queue messages come back to from the levels, bound to the work exchange
+    /// (`<prefix>.returns`). The bridge consumes it on a channel of its own, so that what it
+    /// holds there never stands in front of the acks for new messages.
+    pub fn returns_queue(&self) -> String {
+        format!("{}.returns", self.prefix)
     }
 
     /// The level queue for one delay level (`<prefix>.level.1m30s`).
@@ -60,6 +68,7 @@ impl Names {
             .map(|l| self.level_queue(*l).len())
             .chain([
                 self.work_queue().len(),
+                self.returns_queue().len(),
                 self.parked_queue().len(),
                 self.cancel_stream().len(),
             ])
@@ -77,6 +86,7 @@ mod tests {
         let names = Names::new("t1");
         assert_eq!(names.work_exchange(), "t1.work");
         assert_eq!(names.work_queue(), "t1.work");
+        assert_eq!(names.returns_queue(), "t1.returns");
         assert_eq!(names.parked_exchange(), "t1.parked");
         assert_eq!(names.parked_queue(), "t1.parked");
         assert_eq!(names.level_queue(Duration::from_secs(90)), "t1.level.1m30s");

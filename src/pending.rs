@@ -37,7 +37,8 @@ pub struct Pending {
     pub levels: Vec<(Duration, u64)>,
     /// Messages this bridge holds in process for their last moments.
     pub held: u64,
-    /// Messages ready in the work queue: new ones and ones back from a level, not read yet.
+    /// Messages ready in the work and returns queues (new ones and ones back from a level),
+    /// not read yet.
     pub work_queue: u64,
 }
 

@@ -1,6 +1,6 @@
 //! What a bridge's topology holds now, for `delay-bridge status`: each queue's messages (a
-//! passive declare; bytes too when the management API is configured), the work queue's
-//! consumers, the parked messages by reason, and the cancel stream's entries by kind.
+//! passive declare; bytes too when the management API is configured), the work and returns
+//! queues' consumers, the parked messages by reason, and the cancel stream's entries by kind.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -114,9 +114,10 @@ pub struct Status {
     pub queue_type: String,
     /// Where the figures come from: `amqp` (passive declares) or `management`.
     pub source: &'static str,
-    /// The work queue: new messages and those back from a level, and the bridges
-    /// consuming it.
+    /// The work queue: new messages, and the bridges consuming it.
     pub work: QueueStatus,
+    /// The returns queue: messages back from a level, and the bridges consuming it.
+    pub returns: QueueStatus,
     /// Every level, ascending.
     pub levels: Vec<LevelStatus>,
     /// Messages in all levels together.
@@ -195,6 +196,7 @@ pub async fn read(
         }
     };
     let work = count(names.work_queue()).await?;
+    let returns = count(names.returns_queue()).await?;
     let mut levels = Vec::with_capacity(config.ladder.levels().len());
     for level in config.ladder.levels() {
         levels.push(LevelStatus {
@@ -221,6 +223,7 @@ pub async fn read(
         },
         pending_in_levels: levels.iter().map(|l| l.queue.messages).sum(),
         work,
+        returns,
         levels,
         parked: ParkedStatus {
             queue: parked_queue,

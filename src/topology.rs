@@ -42,13 +42,20 @@ pub struct QueueSpec {
 pub struct Topology {
     /// Fanout exchanges the bridge owns (work, parked, ingress), in declaration order.
     pub exchanges: Vec<String>,
-    /// Queues in declaration order: work, parked, then the levels.
+    /// Queues in declaration order: work, parked, returns, then the levels.
     pub queues: Vec<QueueSpec>,
     /// The cancel stream (a stream queue, retention `max_delay + cancel.grace`).
     pub cancel_stream: QueueSpec,
     /// (queue, exchange) bindings; fanout, so the routing key is empty.
     pub bindings: Vec<(String, String)>,
+    /// (queue, exchange) bindings an older bridge made that this one removes, once
+    /// `bindings` are in place: the work queue's to the work exchange, whose messages now go
+    /// to the returns queue.
+    pub unbindings: Vec<(String, String)>,
 }
+
+/// The queues declared before any binding: work, parked and returns.
+const BOUND_QUEUES: usize = 3;
 
 /// Why declaring the topology failed.
 #[derive(Debug, Error)]
@@ -177,11 +184,15 @@ impl Topology {
         let mut queues = vec![
             QueueSpec {
                 name: names.work_queue(),
-                arguments: work_args,
+                arguments: work_args.clone(),
             },
             QueueSpec {
                 name: names.parked_queue(),
                 arguments: parked_args,
+            },
+            QueueSpec {
+                name: names.returns_queue(),
+                arguments: work_args,
             },
         ];
         for level in config.ladder.levels() {
@@ -207,8 +218,10 @@ impl Topology {
                 arguments: args,
             });
         }
+        // The returns queue is bound before the work queue is unbound from the work
+        // exchange (an older bridge bound it there): never a moment with no queue bound.
         let mut bindings = vec![
-            (names.work_queue(), names.work_exchange()),
+            (names.returns_queue(), names.work_exchange()),
             (names.parked_queue(), names.parked_exchange()),
         ];
         bindings.extend(
@@ -236,16 +249,21 @@ impl Topology {
             queues,
             cancel_stream,
             bindings,
+            unbindings: vec![(names.work_queue(), names.work_exchange())],
         }
     }
 
-    /// Declares everything, in order: the work exchange and bound work queue exist before
-    /// any level queue, so no expiry is ever dropped.
+    /// Declares everything, in order: the work exchange and the returns queue bound to it
+    /// exist before any level queue, so no expiry is ever dropped.
+    ///
+    /// Moving an older bridge's topology to the returns queue binds it first, then unbinds
+    /// the work queue: a message dead-lettered between the two (well under a millisecond,
+    /// once) is routed to both, and delivered twice.
     pub async fn declare(&self, connection: &Connection) -> Result<(), TopologyError> {
         let mut channel = open(connection, "channel", "declare").await?;
         let (work_exchange, rest) = self.exchanges.split_first().expect("work exchange");
         declare_exchange(&channel, work_exchange).await?;
-        for queue in &self.queues[..2] {
+        for queue in &self.queues[..BOUND_QUEUES] {
             declare_queue(connection, &mut channel, queue).await?;
         }
         for exchange in rest {
@@ -254,8 +272,11 @@ impl Topology {
         for (queue, exchange) in &self.bindings {
             bind(&channel, queue, exchange).await?;
         }
+        for (queue, exchange) in &self.unbindings {
+            unbind(&channel, queue, exchange).await?;
+        }
         declare_queue(connection, &mut channel, &self.cancel_stream).await?;
-        for queue in &self.queues[2..] {
+        for queue in &self.queues[BOUND_QUEUES..] {
             declare_queue(connection, &mut channel, queue).await?;
         }
         let _ = channel.close(200, "declared".into()).await;
@@ -407,6 +428,19 @@ async fn bind(channel: &Channel, queue: &str, exchange: &str) -> Result<(), Topo
         .map_err(|e| classify("binding", &format!("{queue} <- {exchange}"), e))
 }
 
+/// Removes a binding; one that does not exist is no error (RabbitMQ answers `unbind-ok`).
+async fn unbind(channel: &Channel, queue: &str, exchange: &str) -> Result<(), TopologyError> {
+    channel
+        .queue_unbind(
+            ShortString::from(queue),
+            ShortString::from(exchange),
+            ShortString::from(""),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("binding", &format!("{queue} <- {exchange}"), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,9 +470,15 @@ mod tests {
         let names: Vec<&str> = t.queues.iter().map(|q| q.name.as_str()).collect();
         assert_eq!(
             names,
-            vec!["p.work", "p.parked", "p.level.1s", "p.level.1m"]
+            vec![
+                "p.work",
+                "p.parked",
+                "p.returns",
+                "p.level.1s",
+                "p.level.1m"
+            ]
         );
-        let level = &t.queues[3];
+        let level = &t.queues[4];
         assert_eq!(
             arg(level, "x-message-ttl"),
             Some(&AMQPValue::LongLongInt(60_000))
@@ -452,7 +492,7 @@ mod tests {
             None,
             "no TTL on the work queue, ever"
         );
-        for q in [&t.queues[0], &t.queues[2], &t.queues[3]] {
+        for q in [&t.queues[0], &t.queues[2], &t.queues[3], &t.queues[4]] {
             assert_eq!(
                 arg(q, "x-queue-version"),
                 Some(&AMQPValue::LongLongInt(2)),
@@ -461,7 +501,14 @@ mod tests {
             );
         }
         assert!(t.bindings.contains(&("p.work".into(), "in".into())));
-        assert!(t.bindings.contains(&("p.work".into(), "p.work".into())));
+        assert!(t.bindings.contains(&("p.returns".into(), "p.work".into())));
+        assert!(!t.bindings.contains(&("p.work".into(), "p.work".into())));
+        assert_eq!(t.unbindings, vec![("p.work".into(), "p.work".into())]);
+        let returns_bound = t
+            .bindings
+            .iter()
+            .position(|b| *b == ("p.returns".into(), "p.work".into()));
+        assert_eq!(returns_bound, Some(0), "bound before anything else");
         assert_eq!(t.cancel_stream.name, "p.cancel");
         assert_eq!(arg(&t.cancel_stream, "x-queue-type"), Some(&text("stream")));
         // retention: max delay (366d) + grace (1d), in seconds
@@ -477,16 +524,17 @@ mod tests {
         for q in &t.queues {
             assert_eq!(arg(q, "x-queue-type"), Some(&text("quorum")), "{}", q.name);
         }
-        let work = &t.queues[0];
-        assert_eq!(arg(work, "x-dead-letter-exchange"), Some(&text("p.parked")));
-        assert!(arg(work, "x-delivery-limit").is_some());
+        for work in [&t.queues[0], &t.queues[2]] {
+            assert_eq!(arg(work, "x-dead-letter-exchange"), Some(&text("p.parked")));
+            assert!(arg(work, "x-delivery-limit").is_some());
+        }
         // The parked queue dead-letters nowhere: 4.x's default limit would drop messages.
         let parked = &t.queues[1];
         assert_eq!(
             arg(parked, "x-delivery-limit"),
             Some(&AMQPValue::LongLongInt(PARKED_DELIVERY_LIMIT))
         );
-        for q in [&t.queues[0], &t.queues[2], &t.queues[3]] {
+        for q in [&t.queues[0], &t.queues[2], &t.queues[3], &t.queues[4]] {
             assert_eq!(
                 arg(q, "x-dead-letter-strategy"),
                 Some(&text("at-least-once"))

@@ -3,6 +3,7 @@
 //! The hold timer lives here; [`bundles`] carries the hops of one window into one level as
 //! one message.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::inlet::{Inlet, Tag};
 use super::refusals::TargetRefusals;
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::{PublishError, Publisher};
@@ -31,11 +33,11 @@ mod bundles;
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
     /// The delivery waits on a hold timer.
-    Held(u64),
+    Held(Tag),
     /// The carrier is done with the delivery `tag`, which took `budget_bytes` from the byte
     /// budget (see [`Carrier::budget_bytes`]).
     Ended {
-        tag: u64,
+        tag: Tag,
         budget_bytes: u64,
         outcome: Outcome,
     },
@@ -68,7 +70,7 @@ pub(super) struct Carrier {
 
 /// A decoded delivery on its way to its target.
 struct Decoded {
-    tag: u64,
+    tag: Tag,
     body: Vec<u8>,
     envelope: Envelope,
     /// When the bridge read it, epoch ms (for the delivered log line).
@@ -78,7 +80,7 @@ struct Decoded {
 /// A delivery that could not be decoded: parked as it was consumed.
 struct Undecodable {
     /// The delivery it came in (a bundle's, for a message of a bundle).
-    tag: u64,
+    tag: Tag,
     body: Vec<u8>,
     routing_key: ShortString,
     consumed: lapin::BasicProperties,
@@ -108,7 +110,7 @@ enum Destination<'a> {
 /// One message to publish until the broker settles it.
 struct Attempt<'a> {
     /// The delivery it replaces (held while it backs off).
-    tag: u64,
+    tag: Tag,
     destination: Destination<'a>,
     exchange: ShortString,
     routing_key: ShortString,
@@ -175,13 +177,12 @@ impl Carrier {
     }
 
     /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
-    /// reports [`Event`]s for `delivery_tag`. A bundle that came back from a level is
+    /// reports [`Event`]s for `tag`. A bundle that came back from a level is
     /// carried as its messages, each as a delivery of its own would be, and ends when the
     /// last of them does. `budget_bytes` is what it took from the byte budget
     /// ([`Carrier::budget_bytes`]), reported back when it ends.
-    pub(super) fn start(&self, delivery: Delivery, budget_bytes: u64) {
+    pub(super) fn start(&self, tag: Tag, delivery: Delivery, budget_bytes: u64) {
         let carrier = self.clone();
-        let tag = delivery.delivery_tag;
         let redelivered = delivery.redelivered.then(|| {
             Fingerprint::of(
                 delivery.exchange.as_str(),
@@ -202,9 +203,9 @@ impl Carrier {
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
         let prepared = if is_bundle {
-            Prepared::Bundle(carrier.prepare_bundle(delivery, redeliveries))
+            Prepared::Bundle(carrier.prepare_bundle(tag, delivery, redeliveries))
         } else {
-            Prepared::One(carrier.prepare(delivery, redeliveries))
+            Prepared::One(carrier.prepare(tag, delivery, redeliveries))
         };
         tokio::spawn(async move {
             let outcome = match &prepared {
@@ -269,12 +270,12 @@ impl Carrier {
     /// broker did not flag it redelivered).
     fn prepare(
         &self,
+        tag: Tag,
         delivery: Delivery,
         redeliveries: Option<u32>,
     ) -> Result<Decoded, Box<Undecodable>> {
         let read_at = now_ms();
         let Delivery {
-            delivery_tag,
             exchange,
             routing_key,
             properties,
@@ -283,13 +284,13 @@ impl Carrier {
         } = delivery;
         match self.read(&exchange, &routing_key, &properties, redeliveries) {
             Ok(envelope) => Ok(Decoded {
-                tag: delivery_tag,
+                tag,
                 body: data,
                 envelope,
                 read_at,
             }),
             Err(parked) => Err(Box::new(Undecodable {
-                tag: delivery_tag,
+                tag,
                 body: data,
                 routing_key,
                 consumed: properties,
@@ -334,8 +335,9 @@ impl Carrier {
                             }
                         }
                         Step::Hold(_) | Step::Deliver => {
-                            if !self.hold(*tag, envelope.deliver_at).await {
-                                return Outcome::Release;
+                            match self.wait_out(*tag, body, envelope, leaves_at).await {
+                                ControlFlow::Break(outcome) => return outcome,
+                                ControlFlow::Continue(still) => bundled = still,
                             }
                         }
                     }
@@ -353,8 +355,15 @@ impl Carrier {
                 // Boxed: the task's own future is then only as large as its hold, which is
                 // where most deliveries wait.
                 Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
+                Step::Hold(_) if bundled => {
+                    let leaves_at = hop_window_end(now_ms(), config.hop_window);
+                    match self.wait_out(*tag, body, envelope, leaves_at).await {
+                        ControlFlow::Break(outcome) => return outcome,
+                        ControlFlow::Continue(still) => bundled = still,
+                    }
+                }
                 Step::Hold(_) => {
-                    if !self.hold(*tag, envelope.deliver_at).await {
+                    if !self.hold(*tag, envelope.deliver_at, true).await {
                         return Outcome::Release;
                     }
                 }
@@ -365,10 +374,48 @@ impl Carrier {
         }
     }
 
-    /// Waits until `deliver_at` (epoch ms) with the delivery `tag` counted as held; false
-    /// when the session stopped first.
-    async fn hold(&self, tag: u64, deliver_at: u64) -> bool {
-        let _ = self.events.send(Event::Held(tag));
+    /// With bundled hops: a message that must wait out its last moments, with its bundles
+    /// leaving at `leaves_at`. One from the work queue due later than `leaves_at` plus the
+    /// margin waits on the returns queue's channel, where what comes back from the levels
+    /// waits too: it travels there in the bundle of its window (through the work
+    /// exchange), and its delivery is acked once that is confirmed. The work queue's
+    /// channel then holds nothing for long, so its acks go in order (one `multiple` ack for
+    /// many; a held delivery makes every ack behind it a single one, for which the broker
+    /// walks its unacked list). Any other waits here; a short wait on the work queue's
+    /// channel counts as in flight (the acks behind it wait for it, then go as one).
+    ///
+    /// `Break`: the delivery's outcome. `Continue(bundled)`: plan again, with bundles or
+    /// (its bundle was refused) without.
+    async fn wait_out(
+        &self,
+        tag: Tag,
+        body: &[u8],
+        envelope: &Envelope,
+        leaves_at: u64,
+    ) -> ControlFlow<Outcome, bool> {
+        let margin = self.shared.config.margin.as_millis() as u64;
+        let from_work = tag.inlet == Inlet::Work;
+        if from_work && envelope.deliver_at >= leaves_at.saturating_add(margin) {
+            return match Box::pin(self.hop_bundled(tag, body, envelope, Duration::ZERO, leaves_at))
+                .await
+            {
+                Some(outcome) => ControlFlow::Break(outcome),
+                None => ControlFlow::Continue(false),
+            };
+        }
+        if self.hold(tag, envelope.deliver_at, !from_work).await {
+            ControlFlow::Continue(true)
+        } else {
+            ControlFlow::Break(Outcome::Release)
+        }
+    }
+
+    /// Waits until `deliver_at` (epoch ms), with the delivery `tag` counted as held when
+    /// `counted`; false when the session stopped first.
+    async fn hold(&self, tag: Tag, deliver_at: u64, counted: bool) -> bool {
+        if counted {
+            let _ = self.events.send(Event::Held(tag));
+        }
         // Sleep to the due instant itself (µs precision), not to a whole-ms remainder, so
         // the timer adds at most its own 1 ms tick.
         tokio::select! {
@@ -461,7 +508,7 @@ impl Carrier {
         dropped
     }
 
-    async fn hop(&self, tag: u64, body: &[u8], envelope: &Envelope, level: Duration) -> Outcome {
+    async fn hop(&self, tag: Tag, body: &[u8], envelope: &Envelope, level: Duration) -> Outcome {
         let queue = self.shared.config.names.level_queue(level);
         let attempt = Attempt {
             tag,
@@ -486,7 +533,7 @@ impl Carrier {
     /// Parks a message: `consumed` are the properties it was read with.
     async fn park(
         &self,
-        tag: u64,
+        tag: Tag,
         body: &[u8],
         routing_key: &ShortString,
         consumed: &lapin::BasicProperties,
@@ -549,7 +596,7 @@ impl Carrier {
         }
     }
 
-    async fn deliver(&self, tag: u64, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
+    async fn deliver(&self, tag: Tag, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
         let attempt = Attempt {
             tag,
             destination: Destination::Target(&envelope.target),
@@ -798,7 +845,7 @@ impl Carrier {
     /// delivery future stays small without it).
     async fn park_read(
         &self,
-        tag: u64,
+        tag: Tag,
         body: &[u8],
         envelope: &Envelope,
         parked: Parked,

@@ -52,7 +52,8 @@ pub(super) async fn run(shared: Arc<Shared>, connection: Arc<Connection>, stop: 
     }
 }
 
-/// One reading: every level, the work queue, the parked queue, and what is held now.
+/// One reading: every level, the work and returns queues, the parked queue, and what is
+/// held now.
 async fn read(shared: &Shared, channel: &Channel) -> Result<(Pending, u64), lapin::Error> {
     let names = &shared.config.names;
     let mut levels = Vec::with_capacity(shared.config.ladder.levels().len());
@@ -60,7 +61,11 @@ async fn read(shared: &Shared, channel: &Channel) -> Result<(Pending, u64), lapi
         let counts = queue_counts(channel, &names.level_queue(*level)).await?;
         levels.push((*level, counts.messages));
     }
-    let work_queue = queue_counts(channel, &names.work_queue()).await?.messages;
+    // Both queues the bridge consumes: what waits to be read.
+    let work_queue = queue_counts(channel, &names.work_queue()).await?.messages
+        + queue_counts(channel, &names.returns_queue())
+            .await?
+            .messages;
     let parked = queue_counts(channel, &names.parked_queue()).await?.messages;
     let pending = Pending {
         levels,

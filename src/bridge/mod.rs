@@ -6,6 +6,7 @@ mod budget;
 mod cancels;
 mod carrier;
 mod depths;
+mod inlet;
 pub mod instruments;
 mod level_watch;
 mod reconnect;
@@ -378,26 +379,31 @@ impl Bridge {
     }
 
     /// After `lost`, takes what the AMQP client cannot read out of its way, within
-    /// [`SWEEP_TIMEOUT`]: parks such deliveries at the head of the work queue
+    /// [`SWEEP_TIMEOUT`]: parks such deliveries at the head of the work and returns queues
     /// ([`amqp::unreadable::sweep`]), and when there is none, reads the cancel stream apart
     /// past such entries ([`amqp::unreadable::read_stream`]). Gives how many it parked or
     /// skipped. A failure is logged: the next session that meets such a frame fails again,
     /// and this runs again.
     async fn sweep_unreadable(&self, url: &crate::config::BrokerUrl, lost: &BridgeError) -> u64 {
         tracing::warn!(
-            "{lost}: the AMQP client cannot read a frame; looking for deliveries it cannot read in the work queue"
+            "{lost}: the AMQP client cannot read a frame; looking for deliveries it cannot read in the work and returns queues"
         );
         let shared = &self.shared;
         let config = &shared.config;
         let swept = tokio::time::timeout(SWEEP_TIMEOUT, async {
-            let swept = amqp::unreadable::sweep(
-                url,
-                &config.names,
-                &config.names.work_queue(),
-                config.prefetch,
-                SWEEP_IDLE,
-            )
-            .await?;
+            let mut swept = amqp::unreadable::Swept::default();
+            for queue in [config.names.work_queue(), config.names.returns_queue()] {
+                let one = amqp::unreadable::sweep(
+                    url,
+                    &config.names,
+                    &queue,
+                    config.prefetch,
+                    SWEEP_IDLE,
+                )
+                .await?;
+                swept.readable += one.readable;
+                swept.parked += one.parked;
+            }
             if swept.parked > 0 {
                 return Ok((swept, 0));
             }
@@ -428,7 +434,7 @@ impl Bridge {
                     parked = swept.parked,
                     given_back = swept.readable,
                     skipped_in_cancel_stream = skipped,
-                    "took what the AMQP client cannot read out of its way (work queue: parked `unreadable`)"
+                    "took what the AMQP client cannot read out of its way (work and returns queues: parked `unreadable`)"
                 );
                 swept.parked + skipped
             }

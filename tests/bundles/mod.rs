@@ -132,6 +132,46 @@ async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles(
 /// of each already delivered: the rest travel on as a bundle of their own, and a new bridge
 /// delivers each of them. No message arrives twice or not at all. Giving the whole bundle
 /// back instead would deliver its delivered messages again.
+/// New messages due within the smallest level wait out their last moments on the returns
+/// queue's channel, not on the work queue's: each travels there in the bundle of its window
+/// (a hop), so no ack for a new message waits behind them. Each still arrives once, never
+/// early, within the usual lateness.
+#[tokio::test]
+async fn new_messages_that_must_wait_wait_on_the_returns_queue() {
+    const N: usize = 200;
+    let mut w = bundling_world("bundles-wait-on-returns").await;
+    let stats = w.stats();
+    let start = now_ms();
+    // 700-898 ms ahead: below the smallest level (1 s) plus the margin, so each waits; and
+    // past its window's end (200 ms) plus the margin, so each can travel first.
+    let due: HashMap<usize, u64> = (0..N)
+        .map(|i| (i, start + 700 + (i as u64 % 100) * 2))
+        .collect();
+    publish_numbered(&w, "wait", N, |i| due[&i]).await;
+    let received = w.recv_n(N, 20 * SEC).await;
+    let mut seen = HashMap::new();
+    for m in &received {
+        let i = id(m);
+        *seen.entry(i).or_insert(0) += 1;
+        let late = m.at_ms as i64 - due[&i] as i64;
+        assert!((0..200).contains(&late), "message {i}: lateness {late} ms");
+        assert_eq!(m.body, format!("body-{i}").as_bytes());
+    }
+    assert_eq!(seen.len(), N, "every message arrived");
+    assert!(seen.values().all(|n| *n == 1), "none twice");
+    let counts = stats.snapshot();
+    assert_eq!(
+        counts.hops, N as u64,
+        "each went to the returns queue once, none waited on the work queue: {counts:?}"
+    );
+    assert!(
+        counts.bundles >= 1 && counts.bundles * 5 <= counts.hops,
+        "in bundles: {counts:?}"
+    );
+    w.assert_quiet(SEC).await;
+    w.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
     const N: usize = 200;

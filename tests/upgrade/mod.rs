@@ -119,6 +119,49 @@ async fn removing_a_level_from_the_ladder_loses_nothing() {
     w.cleanup().await;
 }
 
+/// A work queue an older bridge bound to the work exchange is unbound from it when this
+/// bridge declares its topology, with the returns queue bound in its place: what the levels
+/// dead-letter into the work exchange then lands once, in the returns queue.
+#[tokio::test]
+async fn the_work_exchange_moves_from_the_work_queue_to_the_returns_queue() {
+    let w = World::without_bridge("upgrade-returns").await;
+    let names = w.config.names.clone();
+    let ch = w.conn.create_channel().await.unwrap();
+    // As an older bridge left it.
+    ch.queue_bind(
+        names.work_queue().as_str().into(),
+        names.work_exchange().as_str().into(),
+        "".into(),
+        lapin::options::QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let (token, handle) = run_bridge(config_with(&w, "1s 2s", DAY)).await;
+    token.cancel();
+    handle.await.unwrap();
+    ch.basic_publish(
+        names.work_exchange().as_str().into(),
+        "".into(),
+        lapin::options::BasicPublishOptions::default(),
+        b"probe",
+        lapin::BasicProperties::default(),
+    )
+    .await
+    .unwrap();
+    let returns = names.returns_queue();
+    wait_until_async("the probe is in the returns queue", 5 * SEC, || async {
+        w.queue_depth(&returns).await == 1
+    })
+    .await;
+    assert_eq!(
+        w.queue_depth(&names.work_queue()).await,
+        0,
+        "not copied into the work queue"
+    );
+    w.cleanup().await;
+}
+
 /// Polls an async condition every 20 ms until it holds, panicking with `what` at `within`.
 async fn wait_until_async<F, Fut>(what: &str, within: Duration, mut condition: F)
 where

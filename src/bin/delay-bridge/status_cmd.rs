@@ -35,7 +35,10 @@ pub async fn status(config: &Config, args: &StatusArgs) -> Result<()> {
 
 /// The status as a table: one row per queue, then the parked reasons.
 fn table(status: &Status, all_levels: bool) -> String {
-    let mut rows: Vec<(String, &QueueStatus)> = vec![("work".into(), &status.work)];
+    let mut rows: Vec<(String, &QueueStatus)> = vec![
+        ("work".into(), &status.work),
+        ("returns".into(), &status.returns),
+    ];
     rows.extend(
         status
             .levels

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodable};
 use crate::amqp::wire::Delivery;
 use crate::bridge::BridgeError;
+use crate::bridge::inlet::Tag;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle::{self, Member};
 use crate::contract::{Envelope, consumed_properties, hop_properties};
@@ -96,7 +97,7 @@ pub(in crate::bridge) type PreparedBundle = Result<Bundle, Box<Undecodable>>;
 /// The messages of a bundle that came back.
 pub(in crate::bridge) struct Bundle {
     /// Its delivery.
-    tag: u64,
+    tag: Tag,
     /// The routing key it came back with (its level's name).
     routing_key: ShortString,
     /// Each message decoded, or why it is parked.
@@ -123,11 +124,12 @@ fn split_by_size<T>(items: Vec<T>, size: impl Fn(&T) -> usize, max: usize) -> Ve
 }
 
 impl Carrier {
-    /// Hops a message in the bundle of its level that leaves at `leaves_at` (epoch ms):
-    /// `None` when it must hop alone (too large for a bundle, or its bundle was refused).
+    /// Hops a message in the bundle of its level that leaves at `leaves_at` (epoch ms); level
+    /// zero is the returns queue. `None` when it must hop alone (too large for a bundle, or
+    /// its bundle was refused).
     pub(super) async fn hop_bundled(
         &self,
-        tag: u64,
+        tag: Tag,
         body: &[u8],
         envelope: &Envelope,
         level: Duration,
@@ -154,7 +156,7 @@ impl Carrier {
 
     /// Leads the group `key`: waits for its window's end, then publishes it and answers
     /// every message in it (on a stop first, each is released).
-    async fn lead(&self, tag: u64, key: GroupKey) {
+    async fn lead(&self, tag: Tag, key: GroupKey) {
         let stopped = tokio::select! {
             _ = tokio::time::sleep(until_epoch_ms(key.1)) => false,
             _ = self.stop.cancelled() => true,
@@ -166,23 +168,31 @@ impl Carrier {
             }
             return;
         }
-        let queue = self.shared.config.names.level_queue(key.0);
+        // Level zero is the returns queue, through the work exchange.
+        let names = &self.shared.config.names;
+        let (exchange, queue) = if key.0.is_zero() {
+            (self.shared.work_exchange.as_str(), names.returns_queue())
+        } else {
+            ("", names.level_queue(key.0))
+        };
         let bundles = split_by_size(waiting, |w| w.member.len(), MAX_BUNDLE_BYTES);
         futures::future::join_all(
             bundles
                 .into_iter()
-                .map(|messages| self.publish_bundle(tag, &queue, messages)),
+                .map(|messages| self.publish_bundle(tag, exchange, &queue, messages)),
         )
         .await;
     }
 
-    /// Publishes `messages` as one bundle into the level `queue` and answers each of them.
-    async fn publish_bundle(&self, tag: u64, queue: &str, messages: Vec<Waiting>) {
+    /// Publishes `messages` as one bundle through `exchange` into `queue` (a level queue
+    /// through the default exchange, or the returns queue through the work exchange) and
+    /// answers each of them.
+    async fn publish_bundle(&self, tag: Tag, exchange: &str, queue: &str, messages: Vec<Waiting>) {
         let body = bundle::bundle_body(messages.iter().map(|w| w.member.as_slice()));
         let attempt = Attempt {
             tag,
             destination: Destination::Own(queue),
-            exchange: ShortString::from(""),
+            exchange: ShortString::from(exchange),
             routing_key: ShortString::from(queue),
             body: &body,
             properties: bundle::bundle_properties(messages.len()),
@@ -215,12 +225,12 @@ impl Carrier {
     /// every message in it `redelivery-limit`).
     pub(super) fn prepare_bundle(
         &self,
+        tag: Tag,
         delivery: Delivery,
         redeliveries: Option<u32>,
     ) -> PreparedBundle {
         let read_at = now_ms();
         let Delivery {
-            delivery_tag: tag,
             exchange,
             routing_key,
             properties,
