@@ -625,7 +625,8 @@ pub struct Config {
     pub margin: Duration,
     /// The longest delay accepted.
     pub max_delay: Duration,
-    /// How many unacknowledged deliveries the bridge holds at once.
+    /// How many unacknowledged deliveries the bridge holds at once, for each of the two
+    /// queues it consumes (work and returns).
     pub prefetch: u16,
     /// Worker threads of the async runtime that `delay-bridge run` builds (the AMQP client
     /// adds one I/O thread per connection). A library caller runs the bridge on its own
@@ -649,8 +650,9 @@ pub struct Config {
     /// `redelivery-limit` (counted by quorum queues, and by the bridge process itself).
     pub redelivery_limit: u32,
     /// The most body bytes of unacknowledged deliveries the bridge holds (a bundle also
-    /// counts 1 KiB for each message it carries): past it, it stops consuming until half of
-    /// that is settled (besides `prefetch`, which counts messages).
+    /// counts 1 KiB for each message it carries), half for each queue it consumes: past a
+    /// queue's half, it stops consuming that queue until half of the half is settled
+    /// (besides `prefetch`, which counts messages).
     pub max_unacked_bytes: u64,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).

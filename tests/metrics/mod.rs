@@ -236,11 +236,11 @@ async fn a_message_read_after_its_due_time_shows_in_read_lateness() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     w.stop_bridge().await;
-    // Back in the work queue with no bridge to read it, until well past its due time.
-    let work = w.config.names.work_queue();
+    // Back in the returns queue with no bridge to read it, until well past its due time.
+    let returns = w.config.names.returns_queue();
     let late_by: u32 = 600;
     let deadline = Instant::now() + 10 * SEC;
-    while w.queue_depth(&work).await == 0 || now_ms() < sent + 1_500 + u64::from(late_by) {
+    while w.queue_depth(&returns).await == 0 || now_ms() < sent + 1_500 + u64::from(late_by) {
         assert!(Instant::now() < deadline, "the message never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -273,11 +273,12 @@ impl World {
         self.counts(queue).await.expect("the queue exists").messages
     }
 
-    /// Messages in the work queue and every level queue (ready; the bridge's unacked ones
-    /// are not counted).
+    /// Messages in the work and returns queues and every level queue (ready; the bridge's
+    /// unacked ones are not counted).
     pub async fn pending_in_queues(&self) -> u64 {
         let mut queues = self.level_queues();
         queues.push(self.config.names.work_queue());
+        queues.push(self.config.names.returns_queue());
         self.ready_in(&queues).await.expect("the queues exist")
     }
 
