@@ -80,6 +80,19 @@ fn id(m: &Received) -> usize {
         .expect("numeric id")
 }
 
+/// Checks that messages `0..n` each arrived exactly once in `received`, and runs `check` on
+/// each arrival with its number.
+fn assert_once_each(received: &[Received], n: usize, check: impl Fn(usize, &Received)) {
+    let mut seen = HashMap::new();
+    for m in received {
+        let i = id(m);
+        *seen.entry(i).or_insert(0) += 1;
+        check(i, m);
+    }
+    assert_eq!(seen.len(), n, "every message arrived");
+    assert!(seen.values().all(|n| *n == 1), "none twice");
+}
+
 /// 300 messages published within a few windows, due 2.3 to 3.8 s later: each arrives
 /// exactly once, never early, with its body, routing key, properties and headers; the levels
 /// held far fewer messages than hopped into them. Without bundling every hop is a message of
@@ -93,10 +106,7 @@ async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles(
     let due: HashMap<usize, u64> = (0..N).map(|i| (i, start + 2_300 + i as u64 * 5)).collect();
     publish_numbered(&w, "bundle", N, |i| due[&i]).await;
     let received = w.recv_n(N, 20 * SEC).await;
-    let mut seen = HashMap::new();
-    for m in &received {
-        let i = id(m);
-        *seen.entry(i).or_insert(0) += 1;
+    assert_once_each(&received, N, |i, m| {
         assert!(m.at_ms >= due[&i], "message {i} arrived early");
         assert_eq!(m.body, format!("body-{i}").as_bytes());
         assert_eq!(m.routing_key, format!("rk.bundle.{i}"));
@@ -112,9 +122,7 @@ async fn bundled_hops_arrive_once_each_as_published_and_the_levels_hold_bundles(
             m.header(header::BUNDLE).is_none() && m.header(header::STATE_HOPS).is_none(),
             "no bridge state on delivery"
         );
-    }
-    assert_eq!(seen.len(), N, "every message arrived");
-    assert!(seen.values().all(|n| *n == 1), "none twice");
+    });
     let counts = stats.snapshot();
     assert!(
         counts.hops >= N as u64,
@@ -149,16 +157,11 @@ async fn new_messages_that_must_wait_wait_on_the_returns_queue() {
         .collect();
     publish_numbered(&w, "wait", N, |i| due[&i]).await;
     let received = w.recv_n(N, 20 * SEC).await;
-    let mut seen = HashMap::new();
-    for m in &received {
-        let i = id(m);
-        *seen.entry(i).or_insert(0) += 1;
+    assert_once_each(&received, N, |i, m| {
         let late = m.at_ms as i64 - due[&i] as i64;
         assert!((0..200).contains(&late), "message {i}: lateness {late} ms");
         assert_eq!(m.body, format!("body-{i}").as_bytes());
-    }
-    assert_eq!(seen.len(), N, "every message arrived");
-    assert!(seen.values().all(|n| *n == 1), "none twice");
+    });
     let counts = stats.snapshot();
     assert_eq!(
         counts.hops, N as u64,
