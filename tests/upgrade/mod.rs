@@ -137,7 +137,8 @@ async fn the_work_exchange_moves_from_the_work_queue_to_the_returns_queue() {
     )
     .await
     .unwrap();
-    let (token, handle) = run_bridge(config_with(&w, "1s 2s", DAY)).await;
+    // The world's own ladder: every queue the bridge declares is one the world deletes.
+    let (token, handle) = run_bridge(config_with(&w, "100ms 200ms 400ms 800ms", DAY)).await;
     token.cancel();
     handle.await.unwrap();
     ch.basic_publish(
