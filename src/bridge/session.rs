@@ -177,7 +177,7 @@ impl Session {
                     self.resume().await?;
                 }
                 _ = report.tick() => {
-                    let held = self.work.tracker.held_count() + self.returns.tracker.held_count();
+                    let held = self.held();
                     if held > 0 {
                         tracing::info!(held, outstanding = self.outstanding(), prefetch = config.prefetch, "holding messages for their last moments");
                     }
@@ -198,6 +198,11 @@ impl Session {
         self.work.tracker.outstanding() + self.returns.tracker.outstanding()
     }
 
+    /// Deliveries waiting on a hold timer, from both queues.
+    fn held(&self) -> usize {
+        self.work.tracker.held_count() + self.returns.tracker.held_count()
+    }
+
     /// True while a cancelled consumer waits for its successor.
     fn waits_to_resume(&self) -> bool {
         [&self.work, &self.returns]
@@ -213,8 +218,6 @@ impl Session {
     ) -> Result<(), BridgeError> {
         match next {
             Ok(Some(delivery)) => {
-                let stats = self.shared.stats.clone();
-                stats.consumed.fetch_add(1, Ordering::Relaxed);
                 let budget_bytes = self.carrier.budget_bytes(&delivery);
                 let tag = Tag {
                     inlet,
@@ -223,6 +226,8 @@ impl Session {
                 let consuming = self.inlet(inlet);
                 consuming.tracker.delivered(tag.delivery);
                 let retune = consuming.budget.taken(budget_bytes);
+                let stats = &self.shared.stats;
+                stats.consumed.fetch_add(1, Ordering::Relaxed);
                 stats
                     .in_flight
                     .store(self.outstanding() as u64, Ordering::Relaxed);
@@ -230,11 +235,11 @@ impl Session {
                     self.work.budget.unacked() + self.returns.budget.unacked(),
                     Ordering::Relaxed,
                 );
+                if matches!(retune, Some(Retune::Pause(_))) {
+                    stats.pauses.fetch_add(1, Ordering::Relaxed);
+                }
                 self.carrier.start(tag, delivery, budget_bytes);
                 if let Some(retune) = retune {
-                    if matches!(retune, Retune::Pause(_)) {
-                        stats.pauses.fetch_add(1, Ordering::Relaxed);
-                    }
                     self.inlet(inlet).replace_consumer(retune);
                 }
                 Ok(())
@@ -295,10 +300,7 @@ impl Session {
                 None
             };
         }
-        stats.held.store(
-            (self.work.tracker.held_count() + self.returns.tracker.held_count()) as u64,
-            Ordering::Relaxed,
-        );
+        stats.held.store(self.held() as u64, Ordering::Relaxed);
         stats
             .in_flight
             .store(self.outstanding() as u64, Ordering::Relaxed);
