@@ -146,6 +146,31 @@ async fn bench_steady_smoke() {
 }
 
 #[tokio::test]
+async fn bench_intake_smoke() {
+    let mut args = vec![
+        "intake",
+        "--rate",
+        "400",
+        "--seconds",
+        "0.5",
+        "--ack-every",
+        "50ms",
+    ];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    assert_eq!(json["count"], 200);
+    assert_eq!(json["received"], 200, "{json}");
+    assert_eq!(json["duplicates"], 0);
+    let ratio = json["intake_ratio"]
+        .as_f64()
+        .expect("the broker's CPU was measured");
+    assert!(ratio > 0.0, "{json}");
+    let floor = json["intake_plus_transit_ratio"].as_f64().unwrap();
+    assert!((floor - ratio - 1.0).abs() < 1e-9, "{json}");
+}
+
+#[tokio::test]
 async fn bench_capacity_smoke() {
     // A lenient limit: the smoke test checks the search, not this machine's precision.
     let mut args = vec![

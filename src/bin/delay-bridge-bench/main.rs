@@ -22,6 +22,7 @@ mod client_relay;
 mod cost;
 mod faults;
 mod hop;
+mod intake;
 mod ladder;
 mod load;
 mod measured_bridge;
@@ -97,6 +98,10 @@ pub enum Scenario {
     /// Messages moved through one hop (work queue to level queue, confirmed and acked) per
     /// second, as a ratio of the baseline, and the bridge's CPU time per hop.
     Hop(hop::Args),
+    /// What taking a message in costs the broker, with no bridge: the same paced publisher
+    /// into a plain durable queue whose consumer acks late (every `--ack-every`, as the
+    /// bridge acks a new message once what replaced it is confirmed), beside the baseline.
+    Intake(intake::Args),
     /// Many long-delay messages pending in the levels: broker memory per pending message
     /// and the bridge's RSS as the count grows.
     Pending(pending::Args),
@@ -140,6 +145,7 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::Burst(args) => burst::run(base, args).await,
         Scenario::Capacity(args) => capacity::run(base, args).await,
         Scenario::Hop(args) => hop::run(base, args).await,
+        Scenario::Intake(args) => intake::run(base, args).await,
         Scenario::Pending(args) => pending::run(base, args).await,
         Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
