@@ -28,7 +28,7 @@ runs=${BENCH_RUNS:-3}
 brokers=${BENCH_BROKERS:-3 4}
 scenarios=("$@")
 # `ladder` is pure computation: its figures do not vary between runs or brokers.
-[ ${#scenarios[@]} -eq 0 ] && scenarios=(baseline hop burst steady capacity pending cancel-horizon tombstones client-relay)
+[ ${#scenarios[@]} -eq 0 ] && scenarios=(baseline hop burst steady intake capacity pending cancel-horizon tombstones client-relay)
 
 cargo build --release --quiet --features bench
 bench=./target/release/delay-bridge-bench

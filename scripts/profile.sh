@@ -4,7 +4,8 @@
 #   - the broker's Erlang processes, their reductions summed by kind: channel processes, each
 #     queue (the sandbox's random suffix removed), readers, writers, the rest by name;
 #   - the broker's system calls and context switches, and the bridge's (perf stat);
-#   - the bridge's context switches per thread (/proc).
+#   - the bridge's context switches per thread, and the broker's per kind of thread (its
+#     schedulers, dirty I/O and dirty CPU schedulers, poller, aux: /proc).
 # `baseline` samples the broker during the bench's plain transit instead (one durable queue,
 # the same publisher and consumer, paced at --rate), with no bridge: the same figures for one
 # transit per message. Figures are totals over the window: divide by rate x seconds.
@@ -71,7 +72,15 @@ threads() {
       "$(awk '/^voluntary_ctxt/ {print $2}' "$t/status")" "$(awk '/^nonvoluntary_ctxt/ {print $2}' "$t/status")"
   done | sort
 }
+broker_threads() {
+  # Summed by kind: the VM names its threads `<n>_scheduler`, `<n>_dirty_io_sch...`, etc.
+  for t in /proc/"$broker_pid"/task/*; do
+    printf '%s %s %s\n' "$(sed -e 's/^[0-9]*_//' -e 's/_sch.*$//' -e 's/[0-9]*$//' "$t/comm")" \
+      "$(awk '/^voluntary_ctxt/ {print $2}' "$t/status")" "$(awk '/^nonvoluntary_ctxt/ {print $2}' "$t/status")"
+  done | awk 'NF == 3 {v[$1] += $2; n[$1] += $3} END {for (k in v) print k, v[k], n[k]}' | sort
+}
 before=$(threads)
+broker_before=$(broker_threads)
 events=syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_recvfrom,syscalls:sys_enter_pwrite64,syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_wait,context-switches,task-clock
 perf stat -e "$events" -p "$broker_pid" -o /dev/stdout -- sleep "$seconds" | sed 's/^/broker: /' &
 perf_broker=$!
@@ -128,6 +137,9 @@ end." >/dev/null
   fi
 fi
 after=$(threads)
+broker_after=$(broker_threads)
+echo "broker threads by kind: voluntary and involuntary context switches in the window"
+join <(echo "$broker_before") <(echo "$broker_after") | awk '$4 - $2 + $5 - $3 > 0 {printf "  %-18s %8d %8d\n", $1, $4 - $2, $5 - $3}' | sort -k2,2nr
 [ -n "$bridge" ] && echo "bridge threads: id, name, voluntary and involuntary context switches in the window"
 join <(echo "$before") <(echo "$after") | awk '{printf "  %-8s %-18s %8d %8d\n", $1, $2, $6 - $3, $7 - $4}'
 wait "$bench" || true
