@@ -11,18 +11,15 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde_json::{Value, json};
 
-use delay_bridge::amqp;
 use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
 
 use super::above_zero::above_zero;
 use super::broker_process::BrokerProcess;
-use super::load::{Arrivals, Collector, HEADER_BYTES, Outgoing, body, now_us, publish};
+use super::load::{Arrivals, Collector, HEADER_BYTES, Outgoing, PlainQueue, body, now_us, publish};
 use super::{Spread, ms};
 
 /// `bench baseline` options.
@@ -154,23 +151,8 @@ pub async fn measure(
     paced_seconds: f64,
 ) -> Result<Baseline> {
     let count = count.max(1);
-    let queue = format!(
-        "delay-bridge-bench-baseline-{:06x}",
-        rand::random::<u32>() & 0xff_ffff
-    );
-    let publisher = amqp::connect(config.url(), "delay-bridge bench baseline publisher").await?;
-    let consumer = amqp::connect(config.url(), "delay-bridge bench baseline consumer").await?;
-    let channel = amqp::confirm_channel(&publisher).await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let plain = PlainQueue::declare(config, "baseline").await?;
+    let (channel, consumer, queue) = (&plain.channel, &plain.consumer, plain.name.as_str());
     let paced_count = (paced_rate * paced_seconds).round().max(1.0) as u64;
     let broker = match BrokerProcess::find(config.url().expose()) {
         Ok(broker) => Some(broker),
@@ -182,15 +164,15 @@ pub async fn measure(
     let broker_cpu = || broker.as_ref().map(BrokerProcess::cpu).transpose();
     let passes = async {
         let flat_before = broker_cpu()?;
-        let flat = pass(&channel, &consumer, &queue, count, None, body_size).await?;
+        let flat = pass(channel, consumer, queue, count, None, body_size).await?;
         let cpu_before = broker_cpu()?;
         let flat_cpu = flat_before
             .zip(cpu_before)
             .map(|(a, b)| b.saturating_sub(a));
         let paced = pass(
-            &channel,
-            &consumer,
-            &queue,
+            channel,
+            consumer,
+            queue,
             paced_count,
             Some(paced_rate),
             body_size,
@@ -202,11 +184,7 @@ pub async fn measure(
         Ok::<_, anyhow::Error>((flat, paced, flat_cpu, cpu))
     }
     .await;
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    let _ = publisher.close(200, "done".into()).await;
-    let _ = consumer.close(200, "done".into()).await;
+    plain.delete().await?;
     let ((started_us, flat), (_, paced), flat_broker_cpu, paced_broker_cpu) = passes?;
     let seconds = flat.last_us.saturating_sub(started_us) as f64 / 1e6;
     Ok(Baseline {

@@ -14,22 +14,19 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use delay_bridge::amqp;
 use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
 use delay_bridge::ladder::{format_duration, parse_duration};
 
 use super::above_zero::above_zero;
 use super::baseline::BaselineArgs;
-use super::load::{Outgoing, body, now_us, publish, read_body};
+use super::load::{Outgoing, PlainQueue, body, now_us, publish, read_body};
 
 /// `bench intake` options.
 #[derive(Debug, clap::Args)]
@@ -66,29 +63,13 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
         bail!("the broker's process is not on this machine: its CPU cannot be measured");
     };
     let count = (args.rate * args.seconds).round().max(1.0) as u64;
-    let queue = format!(
-        "delay-bridge-bench-intake-{:06x}",
-        rand::random::<u32>() & 0xff_ffff
-    );
-    let publisher = amqp::connect(config.url(), "delay-bridge bench intake publisher").await?;
-    let consumer = amqp::connect(config.url(), "delay-bridge bench intake consumer").await?;
-    let channel = amqp::confirm_channel(&publisher).await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let plain = PlainQueue::declare(config, "intake").await?;
     let measured = async {
-        let acker = LateAcker::start(&consumer, &queue, count, ack_every).await?;
+        let acker = LateAcker::start(&plain.consumer, &plain.name, count, ack_every).await?;
         let cpu_before = broker.cpu()?;
-        publish(&channel, count, Some(args.rate), |seq| Outgoing {
+        publish(&plain.channel, count, Some(args.rate), |seq| Outgoing {
             exchange: "".into(),
-            routing_key: queue.as_str().into(),
+            routing_key: plain.name.as_str().into(),
             body: body(seq, now_us(), args.body_size),
             properties: BasicProperties::default().with_delivery_mode(PERSISTENT),
         })
@@ -98,11 +79,7 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
         Ok::<_, anyhow::Error>((received, cpu))
     }
     .await;
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    let _ = publisher.close(200, "done".into()).await;
-    let _ = consumer.close(200, "done".into()).await;
+    plain.delete().await?;
     let (received, cpu) = measured?;
     if received.missing > 0 || received.duplicates > 0 {
         bail!(

@@ -11,11 +11,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use delay_bridge::amqp;
+use delay_bridge::config::Config;
 
 /// Publishes awaiting at most this many confirms at once.
 pub const CONFIRM_WINDOW: usize = 2000;
@@ -119,6 +125,63 @@ pub async fn publish(
         started_us,
         confirmed_us: now_us(),
     })
+}
+
+/// A plain durable queue of the bench's own, named `delay-bridge-bench-<role>-<random>`,
+/// with a connection that publishes to it on a confirm-mode channel and another for its
+/// consumer: what the baseline and `intake` send their paced load through.
+pub struct PlainQueue {
+    /// The queue's name.
+    pub name: String,
+    /// The confirm-mode channel to publish on.
+    pub channel: Channel,
+    /// The connection to consume on.
+    pub consumer: Connection,
+    publisher: Connection,
+}
+
+impl PlainQueue {
+    /// Opens both connections (named after `role`) and declares the queue.
+    pub async fn declare(config: &Config, role: &str) -> Result<Self> {
+        let name = format!(
+            "delay-bridge-bench-{role}-{:06x}",
+            rand::random::<u32>() & 0xff_ffff
+        );
+        let publisher = amqp::connect(
+            config.url(),
+            &format!("delay-bridge bench {role} publisher"),
+        )
+        .await?;
+        let consumer =
+            amqp::connect(config.url(), &format!("delay-bridge bench {role} consumer")).await?;
+        let channel = amqp::confirm_channel(&publisher).await?;
+        channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Self {
+            name,
+            channel,
+            consumer,
+            publisher,
+        })
+    }
+
+    /// Deletes the queue and closes both connections.
+    pub async fn delete(self) -> Result<()> {
+        self.channel
+            .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        let _ = self.publisher.close(200, "done".into()).await;
+        let _ = self.consumer.close(200, "done".into()).await;
+        Ok(())
+    }
 }
 
 /// A new channel on `conn` consuming `queue` without acknowledgements (the broker pushes
