@@ -11,6 +11,7 @@ mod delivery;
 #[cfg(feature = "bench")]
 mod fault_suite;
 mod faults;
+mod flow;
 mod hostile;
 mod interop;
 mod logs;

@@ -11,8 +11,12 @@
 //! - The window is as many of the largest body seen lately as fit in the budget, between 1
 //!   and `prefetch`. A session starts with a small one ([`START_WINDOW`]), before any body
 //!   size is known.
-//! - A body that makes the window too wide narrows it at once; a window's worth of bodies
-//!   that would fit twice as many widens it.
+//! - "Lately" is the current period: the deliveries since the window was set, or since the
+//!   last window's worth of them. A body that makes the window too wide narrows it at once;
+//!   a period of a window's worth of bodies that would fit twice as many widens it, and
+//!   otherwise the next period starts afresh. So a large body narrows the window while it
+//!   and its like keep coming, and one window's worth of small deliveries after the last
+//!   of them widens it back: it never stays narrow for the small bodies behind it.
 //! - Over the budget, the consumer pauses, and consumes again with the narrowed window once
 //!   half the budget is free.
 //!
@@ -40,10 +44,11 @@ pub(crate) struct ByteBudget {
     window: u16,
     /// True while a consumer is being replaced.
     retuning: bool,
-    /// The largest body taken since the window was last set.
+    /// The largest body taken in the current period (since the window was last set, or
+    /// since the last window's worth of deliveries).
     largest: u64,
-    /// Deliveries taken since the window was last set.
-    taken_in_window: u64,
+    /// Deliveries taken in the current period.
+    taken_in_period: u64,
     unacked: u64,
 }
 
@@ -56,7 +61,7 @@ impl ByteBudget {
             window: START_WINDOW.min(prefetch),
             retuning: false,
             largest: 0,
-            taken_in_window: 0,
+            taken_in_period: 0,
             unacked: 0,
         }
     }
@@ -75,7 +80,7 @@ impl ByteBudget {
     pub(crate) fn taken(&mut self, bytes: u64) -> Option<Retune> {
         self.unacked += bytes;
         self.largest = self.largest.max(bytes);
-        self.taken_in_window += 1;
+        self.taken_in_period += 1;
         if self.retuning {
             return None;
         }
@@ -86,12 +91,16 @@ impl ByteBudget {
         if fits < self.window {
             return Some(self.retune(Retune::Resize(fits)));
         }
-        // Widen once a window's worth showed the bodies, and only by a clear margin.
-        let seen_enough = self.taken_in_window >= u64::from(self.window);
+        if self.taken_in_period < u64::from(self.window) {
+            return None;
+        }
+        // A window's worth showed the bodies: widen by a clear margin, or judge the next
+        // window's worth on its own (a large body seen before it no longer counts).
         let clearly_wider = fits >= self.window.saturating_mul(2).min(self.prefetch);
-        if seen_enough && clearly_wider && fits > self.window {
+        if clearly_wider && fits > self.window {
             return Some(self.retune(Retune::Resize(fits)));
         }
+        self.new_period();
         None
     }
 
@@ -122,9 +131,14 @@ impl ByteBudget {
         let (Retune::Pause(window) | Retune::Resize(window)) = retune;
         self.window = window;
         self.retuning = true;
-        self.largest = 0;
-        self.taken_in_window = 0;
+        self.new_period();
         retune
+    }
+
+    /// Forgets the bodies seen so far: the next ones alone size the window.
+    fn new_period(&mut self) {
+        self.largest = 0;
+        self.taken_in_period = 0;
     }
 }
 
@@ -170,6 +184,49 @@ mod tests {
         assert!(b.may_resume(), "two bodies of 256 KiB are half the budget");
     }
 
+    /// The large bodies that come while the window is being narrowed (the broker had sent
+    /// them already) count in the narrowed window's first period, not for good: a window's
+    /// worth of small bodies after them widens it back to `prefetch`.
+    #[test]
+    fn a_window_narrowed_for_large_bodies_widens_back_once_small_ones_follow() {
+        let mut b = ByteBudget::new(1024 * KIB, 4000);
+        for _ in 0..(2 * u64::from(START_WINDOW)) {
+            if b.taken(100).is_some() {
+                b.resumed();
+            }
+            b.settled(100);
+        }
+        assert_eq!(b.window(), 4000);
+        assert_eq!(b.taken(256 * KIB), Some(Retune::Resize(4)));
+        assert_eq!(
+            b.taken(256 * KIB),
+            None,
+            "taken while the consumer is replaced"
+        );
+        assert_eq!(b.taken(256 * KIB), None);
+        b.resumed();
+        for _ in 0..3 {
+            b.settled(256 * KIB);
+        }
+        let mut small = 0;
+        let widened = loop {
+            small += 1;
+            assert!(
+                small <= 8,
+                "still {} after {small} small bodies",
+                b.window()
+            );
+            let retune = b.taken(100);
+            b.settled(100);
+            if let Some(retune) = retune {
+                break retune;
+            }
+        };
+        // The narrowed window's first period still held two large bodies; the next one
+        // held small ones only.
+        assert_eq!(widened, Retune::Resize(4000));
+    }
+
     #[test]
     fn a_body_larger_than_the_budget_gets_a_window_of_one() {
         let mut b = ByteBudget::new(1024 * KIB, 4000);
@@ -177,28 +234,65 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the sizes: a window set from the bodies seen since the last one holds that
-        /// many of the largest of them within the budget (or is 1).
+        /// Whatever came before: once a consumer's window is set, small bodies (that fit
+        /// `prefetch` of them) bring it back to `prefetch` within two windows' worth of
+        /// deliveries.
         #[test]
-        fn a_narrowed_window_of_the_largest_body_fits_the_budget(
+        fn small_bodies_after_anything_widen_back_to_prefetch(
+            budget in (64u64 << 10)..(64 << 20),
+            prefetch in 1u16..5000,
+            before in prop::collection::vec(0u64..(4 << 20), 0..100),
+            small_share in 1u64..=100,
+        ) {
+            let mut b = ByteBudget::new(budget, prefetch);
+            for size in &before {
+                if b.taken(*size).is_some() {
+                    b.resumed();
+                }
+                b.settled(*size);
+            }
+            let small = (budget / u64::from(prefetch) * small_share / 100).max(1).min(budget / u64::from(prefetch));
+            // The period under way may still count a large body (then it ends, at most one
+            // window on), the next may widen part of the way from the bodies before, and
+            // one of small bodies only widens to prefetch.
+            let limit = 2 * u64::from(b.window()) + u64::from(prefetch) + 1;
+            let mut taken = 0;
+            while b.window() < prefetch && small * u64::from(prefetch) <= budget {
+                taken += 1;
+                prop_assert!(taken <= limit, "window {} after {} small bodies", b.window(), taken);
+                if b.taken(small).is_some() {
+                    b.resumed();
+                }
+                b.settled(small);
+            }
+        }
+
+        /// Whatever the sizes: a new window holds that many of the body just taken within
+        /// the budget, and a wider one that many of the largest of the last window's worth
+        /// of bodies (or it is 1).
+        #[test]
+        fn a_new_window_fits_the_bodies_it_was_sized_from(
             budget in 1u64..(64 << 20),
             prefetch in 1u16..5000,
             sizes in prop::collection::vec(0u64..(4 << 20), 1..300),
         ) {
             let mut b = ByteBudget::new(budget, prefetch);
-            // the largest body since the window was last set
-            let mut largest = 0;
-            for size in &sizes {
-                largest = largest.max(*size);
+            for (i, size) in sizes.iter().enumerate() {
+                let before = b.window();
                 if let Some(retune) = b.taken(*size) {
                     let (Retune::Pause(window) | Retune::Resize(window)) = retune;
                     prop_assert!(window >= 1 && window <= prefetch);
+                    let sized_from = if window > before {
+                        let last = usize::from(before).min(i + 1);
+                        sizes[i + 1 - last..=i].iter().copied().max().unwrap_or(0)
+                    } else {
+                        *size
+                    };
                     prop_assert!(
-                        window == 1 || u64::from(window) * largest <= budget,
-                        "window {} of {} bytes over {}", window, largest, budget
+                        window == 1 || u64::from(window) * sized_from <= budget,
+                        "window {} of {} bytes over {}", window, sized_from, budget
                     );
                     b.resumed();
-                    largest = 0;
                 }
                 b.settled(*size);
             }

@@ -8,11 +8,14 @@
 //! second, unacked; on the channel of new messages, which are acked within a hop window,
 //! every ack walked past all of them.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
 use lapin::types::FieldTable;
 
 use super::acks::{AckOp, AckTracker};
 use super::budget::{ByteBudget, Retune};
-use super::{BridgeError, Shared};
+use super::{BridgeError, Shared, Stats};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery, Settle, WireError};
 
 /// Which of the session's queues a delivery came from.
@@ -63,6 +66,8 @@ pub(super) struct Consuming {
     pub(super) budget: ByteBudget,
     /// The deliveries not yet acked, and which acks to send.
     pub(super) tracker: AckTracker,
+    /// Where the running consumer's window is reported.
+    stats: Arc<Stats>,
 }
 
 impl Consuming {
@@ -97,6 +102,7 @@ impl Consuming {
             replacing: false,
             budget,
             tracker: AckTracker::new(),
+            stats: shared.stats.clone(),
         };
         consuming.consume().await?;
         Ok(consuming)
@@ -229,6 +235,12 @@ impl Consuming {
             .await
             .map_err(BridgeError::wire(what))?;
         self.consumer = Some(consumer);
+        let window = u64::from(self.budget.window());
+        let gauge = match self.inlet {
+            Inlet::Work => &self.stats.work_window,
+            Inlet::Returns => &self.stats.returns_window,
+        };
+        gauge.store(window, Ordering::Relaxed);
         Ok(())
     }
 }

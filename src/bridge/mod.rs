@@ -222,6 +222,11 @@ counters! {
     /// The most bytes of unacked deliveries held at once so far: their bodies, and 1 KiB
     /// for each message of a bundle.
     max_unacked_bytes_seen: gauge "delay_bridge_max_unacked_bytes",
+    /// The prefetch window of the work queue's consumer now: `bridge.prefetch`, or fewer
+    /// while large bodies narrow it to fit its share of `bridge.max_unacked_bytes`.
+    work_window: gauge "delay_bridge_work_window",
+    /// The prefetch window of the returns queue's consumer now (as `work_window`).
+    returns_window: gauge "delay_bridge_returns_window",
     /// The bridge's queues holding expired messages their dead-letter worker has not
     /// forwarded for `management.stuck_after` now (read from the management API).
     stuck_queues: gauge "delay_bridge_stuck_queues",

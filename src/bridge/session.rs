@@ -93,6 +93,8 @@ pub(super) async fn run(
     session.stop.cancel();
     // What this session held goes back to the broker with it.
     shared.stats.held.store(0, Ordering::Relaxed);
+    shared.stats.work_window.store(0, Ordering::Relaxed);
+    shared.stats.returns_window.store(0, Ordering::Relaxed);
     shared.stats.in_flight.store(0, Ordering::Relaxed);
     if result.is_ok() && publishing.blocked().borrow().is_none() {
         // Close our channels before the connection closes, so nothing is cut mid-frame

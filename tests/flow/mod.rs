@@ -1,0 +1,272 @@
+//! Flow control on one long-running bridge: a few large bodies, or one burst of bundles,
+//! narrow a consumer's prefetch window for as long as they need it, never for good. Once
+//! they are gone the work and returns consumers are back at `bridge.prefetch` within
+//! seconds while small messages flow, and every message arrives once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use delay_bridge::bridge::Stats;
+use delay_bridge::clock::now_ms;
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A message numbered `i`, due at `deliver_at` (epoch ms).
+fn numbered(i: usize, deliver_at: u64) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(i.to_string().into())
+        .with_headers(headers(vec![(
+            "x-deliver-at",
+            AMQPValue::LongLongInt(deliver_at as i64),
+        )]))
+}
+
+/// Both consumers' windows now: (work, returns).
+fn windows(stats: &Stats) -> (u64, u64) {
+    let counts = stats.snapshot();
+    (counts.work_window, counts.returns_window)
+}
+
+/// The narrowest windows a bridge's consumers ran with since [`Narrowest::watch`] (sampled
+/// every 2 ms: a narrowed window lasts at least as long as a large body is held).
+#[derive(Clone)]
+struct Narrowest(Arc<std::sync::Mutex<(u64, u64)>>);
+
+impl Narrowest {
+    /// Samples `stats`' windows until the test ends.
+    fn watch(stats: &Arc<Stats>) -> Self {
+        let narrowest = Narrowest(Arc::new(std::sync::Mutex::new((u64::MAX, u64::MAX))));
+        let (weak, stats) = (Arc::downgrade(&narrowest.0), stats.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(2));
+            // Ends once the test dropped its `Narrowest`.
+            while let Some(shared) = weak.upgrade() {
+                let (work, returns) = windows(&stats);
+                {
+                    let mut seen = shared.lock().unwrap();
+                    // A window of 0 is a session between consumers.
+                    if work > 0 {
+                        seen.0 = seen.0.min(work);
+                    }
+                    if returns > 0 {
+                        seen.1 = seen.1.min(returns);
+                    }
+                }
+                drop(shared);
+                tick.tick().await;
+            }
+        });
+        narrowest
+    }
+
+    /// (work, returns).
+    fn get(&self) -> (u64, u64) {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// Publishes small messages numbered from `*next`, `per_tick` every 100 ms, each due
+/// `delay(i)` ms after its publish, until both windows are `prefetch` (true) or `within`
+/// passed (false). Waits for the windows on the publisher's pace, not on a fixed sleep.
+async fn small_flow_until_windows_are(
+    w: &World,
+    stats: &Arc<Stats>,
+    prefetch: u64,
+    next: &mut usize,
+    per_tick: usize,
+    delay: impl Fn(usize) -> u64,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    while Instant::now() < deadline {
+        tick.tick().await;
+        if windows(stats) == (prefetch, prefetch) {
+            return true;
+        }
+        for _ in 0..per_tick {
+            let i = *next;
+            *next += 1;
+            w.publish("rk.small", b"small", numbered(i, now_ms() + delay(i)))
+                .await;
+        }
+    }
+    false
+}
+
+/// Checks that messages `0..n` each arrived exactly once.
+fn assert_once_each(received: &[Received], n: usize) {
+    let mut seen: HashMap<usize, u32> = HashMap::new();
+    for m in received {
+        let id: usize = m
+            .properties
+            .message_id()
+            .as_ref()
+            .expect("message id")
+            .as_str()
+            .parse()
+            .expect("numeric id");
+        *seen.entry(id).or_default() += 1;
+    }
+    let missing: Vec<usize> = (0..n).filter(|i| !seen.contains_key(i)).collect();
+    let twice: Vec<usize> = seen
+        .iter()
+        .filter(|(_, count)| **count > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        missing.is_empty() && twice.is_empty() && seen.len() == n,
+        "of {n}: missing {missing:?}, twice {twice:?}"
+    );
+}
+
+/// Three bodies of 256 KiB with a byte budget of 1 MiB per queue narrow both windows to
+/// the four such bodies that fit. Then small messages only: both windows are back at
+/// `bridge.prefetch` within seconds. (Before, the window kept fitting the largest body it
+/// had seen while it was being narrowed, for good: a prefetch of 4 for every small message
+/// after three large ones.)
+#[tokio::test]
+async fn after_large_bodies_both_windows_widen_back_to_prefetch() {
+    const BODY: usize = 256 << 10;
+    const PREFETCH: u64 = 4000;
+    let mut w = World::start(Setup {
+        max_unacked_bytes: Some(2 << 20),
+        ..Setup::new("flow-large")
+    })
+    .await;
+    let stats = w.stats();
+    let mut next = 0;
+    // The bridge starts narrow; a flow of small messages widens it.
+    assert!(
+        small_flow_until_windows_are(&w, &stats, PREFETCH, &mut next, 40, |_| 300, 20 * SEC).await,
+        "small messages widen both windows to prefetch: {:?}",
+        windows(&stats)
+    );
+    // Three large bodies back to back, due together: they pass through both queues.
+    let due = now_ms() + 700;
+    for _ in 0..3 {
+        w.publish("rk.large", &vec![b'L'; BODY], numbered(next, due))
+            .await;
+        next += 1;
+    }
+    let narrowest = Narrowest::watch(&stats);
+    {
+        let narrowest = narrowest.clone();
+        wait_until(
+            "both windows narrowed for the large bodies",
+            10 * SEC,
+            move || {
+                let (work, returns) = narrowest.get();
+                work <= 4 && returns <= 4
+            },
+        )
+        .await;
+    }
+    // Small messages only, from now on.
+    let back = small_flow_until_windows_are(
+        &w,
+        &stats,
+        PREFETCH,
+        &mut next,
+        40,
+        |i| 200 + (i % 5) as u64 * 100,
+        15 * SEC,
+    )
+    .await;
+    let (work, returns) = windows(&stats);
+    let received = w.recv_n(next, 30 * SEC).await;
+    assert_once_each(&received, next);
+    assert!(
+        back,
+        "both windows back at prefetch {PREFETCH} after the large bodies: work {work}, returns {returns} (narrowest {:?})",
+        narrowest.get()
+    );
+    assert!(
+        stats.snapshot().max_unacked_bytes_seen <= 2 << 20,
+        "within the byte budget: {:?}",
+        stats.snapshot()
+    );
+    w.cleanup().await;
+}
+
+/// A bridge that bundles its hops takes a burst of 3 000 messages of 2 KiB due at one
+/// instant: the burst comes back from the level as full bundles (1 MiB), which narrow the
+/// returns window to the few such bundles that fit. Then a steady flow of small bundles:
+/// both windows are back at `bridge.prefetch` within seconds, held messages go back to
+/// none, and every message arrives once. (Before, the returns window stayed narrow for
+/// good, and held bundles filled it.)
+#[tokio::test]
+async fn after_a_burst_of_bundles_both_windows_widen_back_to_prefetch() {
+    const BURST: usize = 3_000;
+    const PREFETCH: u64 = 100;
+    let mut w = World::start(Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(200)),
+        bundle_hops: Some(true),
+        prefetch: PREFETCH as u32,
+        // 12 MiB for each queue: the whole burst fits (so the bridge narrows the window
+        // without pausing), but only a few of its bundles (up to 1 MiB of bodies each).
+        max_unacked_bytes: Some(24 << 20),
+        ..Setup::new("flow-burst")
+    })
+    .await;
+    let stats = w.stats();
+    let narrowest = Narrowest::watch(&stats);
+    let due = now_ms() + 3_500;
+    // Published with confirms in flight together, as a burst comes: most windows then
+    // bundle more than 1 MiB of bodies, and their bundles are full ones.
+    let body = [b'b'; 2048];
+    let confirms = futures::future::join_all((0..BURST).map(|i| {
+        w.publisher.basic_publish(
+            w.ingress.as_str().into(),
+            "rk.burst".into(),
+            lapin::options::BasicPublishOptions::default(),
+            &body,
+            numbered(i, due),
+        )
+    }))
+    .await;
+    for confirm in futures::future::join_all(confirms.into_iter().map(|c| c.unwrap())).await {
+        assert!(confirm.unwrap().is_ack(), "burst publish confirmed");
+    }
+    let mut burst = w.recv_n(BURST, 30 * SEC).await;
+    let narrowed = narrowest.get().1;
+    println!(
+        "burst: returns window narrowed to {narrowed}; {:?}",
+        stats.snapshot()
+    );
+    assert!(
+        narrowed <= PREFETCH / 2,
+        "the burst's bundles narrowed the returns window: {narrowed}"
+    );
+    let mut next = BURST;
+    let back = small_flow_until_windows_are(
+        &w,
+        &stats,
+        PREFETCH,
+        &mut next,
+        2,
+        |i| 1_300 + (i % 7) as u64 * 100,
+        15 * SEC,
+    )
+    .await;
+    let (work, returns) = windows(&stats);
+    burst.extend(w.recv_n(next - BURST, 30 * SEC).await);
+    assert_once_each(&burst, next);
+    assert!(
+        back,
+        "both windows back at prefetch {PREFETCH} after the burst: work {work}, returns {returns}"
+    );
+    let held = stats.clone();
+    wait_until("nothing held once everything arrived", 5 * SEC, move || {
+        held.snapshot().held == 0
+    })
+    .await;
+    w.cleanup().await;
+}
