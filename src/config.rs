@@ -696,12 +696,13 @@ pub mod defaults {
     /// `bridge.redelivery_limit`
     pub const REDELIVERY_LIMIT: u32 = 40;
     /// `bridge.hop_window`
-    pub const HOP_WINDOW: Duration = Duration::ZERO;
+    pub const HOP_WINDOW: Duration = Duration::from_millis(100);
     /// `bridge.hop_window` may be at most this: a hop waiting for its window holds its
     /// delivery unacked.
     pub const MAX_HOP_WINDOW: Duration = Duration::from_secs(1);
-    /// `bridge.bundle_hops`
-    pub const BUNDLE_HOPS: bool = false;
+    /// `bridge.bundle_hops`, when `bridge.hop_window` is above 0s (with a window of 0s,
+    /// nothing is bundled unless asked, which is refused).
+    pub const BUNDLE_HOPS: bool = true;
     /// `bridge.redelivery_limit` must stay below the quorum work queue's own
     /// `x-delivery-limit` (50), which dead-letters without a reason.
     pub const MAX_REDELIVERY_LIMIT: u32 = 49;
@@ -928,7 +929,10 @@ impl RawConfig {
                 "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
             ));
         }
-        let bundle_hops = self.bridge.bundle_hops.unwrap_or(defaults::BUNDLE_HOPS);
+        let bundle_hops = self
+            .bridge
+            .bundle_hops
+            .unwrap_or(defaults::BUNDLE_HOPS && !hop_window.is_zero());
         if bundle_hops && hop_window.is_zero() {
             return Err(invalid(
                 "bridge.bundle_hops",
@@ -936,6 +940,13 @@ impl RawConfig {
                 "needs a bridge.hop_window above 0s (the hops of one window are bundled)",
             ));
         }
+        // With bundles, the hop window's fine levels below the smallest level keep the
+        // messages of the last bundle due close together (see `Ladder::with_fine_levels`).
+        let ladder = if bundle_hops {
+            ladder.with_fine_levels(hop_window)
+        } else {
+            ladder
+        };
         let redelivery_limit = count_key(
             "bridge.redelivery_limit",
             self.bridge.redelivery_limit,
@@ -1290,7 +1301,14 @@ mod tests {
         assert_eq!(c.url().expose(), DEFAULT_URL);
         assert_eq!(c.names.prefix(), "delay-bridge");
         assert_eq!(c.queue_type, QueueType::Classic);
-        assert_eq!(c.ladder, Ladder::default_ladder());
+        // Bundled hops in 100-ms windows, with the window's fine levels below 1 s.
+        assert_eq!(c.hop_window, Duration::from_millis(100));
+        assert!(c.bundle_hops);
+        assert_eq!(
+            c.ladder,
+            Ladder::default_ladder().with_fine_levels(Duration::from_millis(100))
+        );
+        assert_eq!(c.ladder.smallest(), Duration::from_millis(100));
         assert_eq!(c.margin, Duration::from_millis(250));
         assert_eq!(c.max_delay, Duration::from_secs(366 * 86_400));
         assert_eq!(c.prefetch, 4000);
@@ -1302,6 +1320,31 @@ mod tests {
                 ingress: "orders.delayed".into(),
                 target: "orders".into()
             }]
+        );
+    }
+
+    #[test]
+    fn a_hop_window_of_zero_turns_bundles_off_unless_they_are_asked_for() {
+        let c = parse(&format!("{MINIMAL}\n[bridge]\nhop_window = \"0s\"\n")).unwrap();
+        assert!(!c.bundle_hops);
+        assert_eq!(
+            c.ladder,
+            Ladder::default_ladder(),
+            "no fine levels without bundles"
+        );
+        let c = parse(&format!("{MINIMAL}\n[bridge]\nbundle_hops = false\n")).unwrap();
+        assert!(!c.bundle_hops);
+        assert_eq!(c.ladder, Ladder::default_ladder());
+        assert_eq!(
+            c.to_raw().validate().unwrap().ladder,
+            c.ladder,
+            "round trip"
+        );
+        let bundled = parse(MINIMAL).unwrap();
+        assert_eq!(
+            bundled.to_raw().validate().unwrap().ladder,
+            bundled.ladder,
+            "round trip with fine levels"
         );
     }
 
@@ -1431,7 +1474,7 @@ mod tests {
             ),
             ("[bridge]\nhop_window = \"2s\"\n", "bridge.hop_window", "2s"),
             (
-                "[bridge]\nbundle_hops = true\n",
+                "[bridge]\nbundle_hops = true\nhop_window = \"0s\"\n",
                 "bridge.bundle_hops",
                 "true",
             ),

@@ -192,6 +192,26 @@ impl Ladder {
         Self { levels }
     }
 
+    /// This ladder with the fine levels of a hop window added below its smallest level:
+    /// `window`, twice `window`, four times... while shorter than the smallest level.
+    ///
+    /// With bundled hops, a bundle that comes back from a level is held until its last
+    /// message is delivered, and a crash before then delivers the ones already delivered
+    /// again. After the last hop of a ladder whose smallest gap is 1 s, a bundle's messages
+    /// are due up to 1 s apart; fine levels take them on in steps that halve the rest, so
+    /// that the last bundle's messages are due within about one window of each other.
+    /// Adding them again changes nothing.
+    pub fn with_fine_levels(&self, window: Duration) -> Self {
+        let mut fine = Vec::new();
+        let mut level = window;
+        while !window.is_zero() && level < self.smallest() {
+            fine.push(level);
+            level *= 2;
+        }
+        fine.extend_from_slice(&self.levels);
+        Self { levels: fine }
+    }
+
     /// The levels, ascending.
     pub fn levels(&self) -> &[Duration] {
         &self.levels
@@ -363,6 +383,32 @@ mod tests {
         assert_eq!(Ladder::parse("rocketmq").unwrap(), Ladder::rocketmq());
         assert_eq!(Ladder::parse(" binary ").unwrap(), Ladder::binary());
         assert_eq!(Ladder::parse("default").unwrap(), Ladder::default_ladder());
+    }
+
+    #[test]
+    fn fine_levels_halve_down_to_the_window_below_the_smallest_level() {
+        let ms = Duration::from_millis;
+        let ladder = Ladder::parse("1s 5s").unwrap();
+        let fine = ladder.with_fine_levels(ms(100));
+        assert_eq!(
+            fine.levels(),
+            &[ms(100), ms(200), ms(400), ms(800), ms(1000), ms(5000)]
+        );
+        assert_eq!(
+            fine.with_fine_levels(ms(100)),
+            fine,
+            "adding them again changes nothing"
+        );
+        assert_eq!(ladder.with_fine_levels(ms(1000)), ladder);
+        assert_eq!(ladder.with_fine_levels(Duration::ZERO), ladder);
+        assert_eq!(
+            Ladder::parse("100ms 200ms")
+                .unwrap()
+                .with_fine_levels(ms(100)),
+            Ladder::parse("100ms 200ms").unwrap()
+        );
+        // Still a valid ladder: ascending, whole milliseconds.
+        assert_eq!(Ladder::new(fine.levels().to_vec()).unwrap(), fine);
     }
 
     #[test]

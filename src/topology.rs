@@ -448,7 +448,7 @@ mod tests {
     fn config(queue_type: &str) -> Config {
         Config::from_toml(
             &format!(
-                "[topology]\nprefix = \"p\"\nqueue_type = \"{queue_type}\"\n[delays]\nladder = \"1s 1m\"\n[[route]]\ningress = \"in\"\ntarget = \"out\"\n"
+                "[topology]\nprefix = \"p\"\nqueue_type = \"{queue_type}\"\n[delays]\nladder = \"1s 1m\"\n[bridge]\nhop_window = \"0s\"\n[[route]]\ningress = \"in\"\ntarget = \"out\"\n"
             ),
             "<test>",
             &[],

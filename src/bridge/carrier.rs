@@ -75,6 +75,11 @@ struct Decoded {
     envelope: Envelope,
     /// When the bridge read it, epoch ms (for the delivered log line).
     read_at: u64,
+    /// With bundled hops: whether it may wait out its last moments on the delivery it came
+    /// in (see [`Carrier::wait_out`]). A new message, or one of a bundle back from a level,
+    /// moves to the returns queue to wait instead, so that the delivery it came in is
+    /// settled within its window.
+    waits_here: bool,
 }
 
 /// A delivery that could not be decoded: parked as it was consumed.
@@ -288,6 +293,7 @@ impl Carrier {
                 body: data,
                 envelope,
                 read_at,
+                waits_here: tag.inlet == Inlet::Returns,
             }),
             Err(parked) => Err(Box::new(Undecodable {
                 tag,
@@ -307,9 +313,12 @@ impl Carrier {
             body,
             envelope,
             read_at,
+            waits_here,
         } = moving;
         let mut in_window = config.hop_window.is_zero();
-        let mut bundled = config.bundle_hops;
+        // Only while every instance on the prefix reads bundles (`peers`).
+        let mut bundled =
+            config.bundle_hops && self.shared.peers_read_bundles.load(Ordering::Relaxed);
         loop {
             if self.cancelled(envelope) {
                 return Outcome::Done;
@@ -335,7 +344,10 @@ impl Carrier {
                             }
                         }
                         Step::Hold(_) | Step::Deliver => {
-                            match self.wait_out(*tag, body, envelope, leaves_at).await {
+                            match self
+                                .wait_out(*tag, body, envelope, leaves_at, *waits_here)
+                                .await
+                            {
                                 ControlFlow::Break(outcome) => return outcome,
                                 ControlFlow::Continue(still) => bundled = still,
                             }
@@ -357,7 +369,10 @@ impl Carrier {
                 Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
                 Step::Hold(_) if bundled => {
                     let leaves_at = hop_window_end(now_ms(), config.hop_window);
-                    match self.wait_out(*tag, body, envelope, leaves_at).await {
+                    match self
+                        .wait_out(*tag, body, envelope, leaves_at, *waits_here)
+                        .await
+                    {
                         ControlFlow::Break(outcome) => return outcome,
                         ControlFlow::Continue(still) => bundled = still,
                     }
@@ -375,14 +390,19 @@ impl Carrier {
     }
 
     /// With bundled hops: a message that must wait out its last moments, with its bundles
-    /// leaving at `leaves_at`. One from the work queue due later than `leaves_at` plus the
-    /// margin waits on the returns queue's channel, where what comes back from the levels
-    /// waits too: it travels there in the bundle of its window (through the work
-    /// exchange), and its delivery is acked once that is confirmed. The work queue's
-    /// channel then holds nothing for long, so its acks go in order (one `multiple` ack for
-    /// many; a held delivery makes every ack behind it a single one, for which the broker
-    /// walks its unacked list). Any other waits here; a short wait on the work queue's
-    /// channel counts as in flight (the acks behind it wait for it, then go as one).
+    /// leaving at `leaves_at`. Unless it `waits_here` (it came alone or in a bundle from the
+    /// returns queue), one due later than `leaves_at` plus the margin first travels to the
+    /// returns queue in the bundle of its window (through the work exchange), and waits
+    /// there; the delivery it came in is acked once that is confirmed. So:
+    /// - the work queue's channel holds nothing for long, and its acks go in order (one
+    ///   `multiple` ack for many; a held delivery makes every ack behind it a single one,
+    ///   for which the broker walks its unacked list);
+    /// - a bundle back from a level is settled within its window: were it held until its
+    ///   last message is delivered, a crash would deliver again the ones delivered already,
+    ///   and hop again the ones that hopped on.
+    ///
+    /// Any other waits here; a short wait on the work queue's channel counts as in flight
+    /// (the acks behind it wait for it, then go as one).
     ///
     /// `Break`: the delivery's outcome. `Continue(bundled)`: plan again, with bundles or
     /// (its bundle was refused) without.
@@ -392,10 +412,11 @@ impl Carrier {
         body: &[u8],
         envelope: &Envelope,
         leaves_at: u64,
+        waits_here: bool,
     ) -> ControlFlow<Outcome, bool> {
         let margin = self.shared.config.margin.as_millis() as u64;
         let from_work = tag.inlet == Inlet::Work;
-        if from_work && envelope.deliver_at >= leaves_at.saturating_add(margin) {
+        if !waits_here && envelope.deliver_at >= leaves_at.saturating_add(margin) {
             return match Box::pin(self.hop_bundled(tag, body, envelope, Duration::ZERO, leaves_at))
                 .await
             {

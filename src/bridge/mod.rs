@@ -9,6 +9,7 @@ mod depths;
 mod inlet;
 pub mod instruments;
 mod level_watch;
+mod peers;
 mod reconnect;
 mod redeliveries;
 mod refusals;
@@ -227,6 +228,9 @@ counters! {
     work_window: gauge "delay_bridge_work_window",
     /// The prefetch window of the returns queue's consumer now (as `work_window`).
     returns_window: gauge "delay_bridge_returns_window",
+    /// 1 while hops travel in bundles (`bridge.bundle_hops`, and every instance on the
+    /// prefix reads bundles), else 0.
+    bundling: gauge "delay_bridge_bundling",
     /// The bridge's queues holding expired messages their dead-letter worker has not
     /// forwarded for `management.stuck_after` now (read from the management API).
     stuck_queues: gauge "delay_bridge_stuck_queues",
@@ -252,6 +256,9 @@ struct Shared {
     /// How often this process saw each unsettled message redelivered (classic queues keep
     /// no count).
     redeliveries: Mutex<redeliveries::RedeliveryCounts>,
+    /// True while every instance on the prefix reads bundles (`peers`): with
+    /// `bridge.bundle_hops`, hops travel in bundles only then.
+    peers_read_bundles: std::sync::atomic::AtomicBool,
 }
 
 /// A bridge, ready to run.
@@ -294,6 +301,7 @@ impl Bridge {
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
                 redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),
+                peers_read_bundles: std::sync::atomic::AtomicBool::new(false),
             }),
             ready_tx: watch::channel(false).0,
         }

@@ -16,7 +16,7 @@ use super::acks::AckTracker;
 use super::budget::{ByteBudget, Retune};
 use super::carrier::{Carrier, Event, Outcome};
 use super::inlet::{Consuming, Inlet, Tag};
-use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths};
+use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths, peers};
 use crate::amqp::publisher::Publisher;
 use crate::amqp::wire::{self, Delivery, WireError};
 
@@ -63,6 +63,7 @@ pub(super) async fn run(
         connection.clone(),
         stop.clone(),
     ));
+    peers::watch(shared.clone(), connection.clone(), stop.clone()).await;
     ready.send_replace(true);
     tracing::info!(
         work = work.queue(),

@@ -363,3 +363,53 @@ async fn a_publishers_x_delivery_count_is_not_taken_for_redeliveries() {
     assert_eq!(w.stats().snapshot().parked, 0, "nothing parked");
     w.cleanup().await;
 }
+
+/// The product's defaults: the default ladder with the fine levels of a 100-ms hop window,
+/// bundled hops. 400 messages with delays from 0.3 s to 3.3 s each arrive once, never early
+/// and within 100 ms of their due time, and their hops travel in bundles.
+#[tokio::test]
+async fn the_default_configuration_bundles_and_delivers_on_time() {
+    const N: usize = 400;
+    let mut w = World::start(Setup {
+        ladder: "default",
+        margin: delay_bridge::config::defaults::MARGIN,
+        hop_window: None,
+        ..Setup::new("defaults")
+    })
+    .await;
+    assert!(w.config.bundle_hops, "bundles are on by default");
+    assert_eq!(
+        w.config.ladder.smallest(),
+        Duration::from_millis(100),
+        "with the hop window's fine levels"
+    );
+    let stats = w.stats();
+    let start = delay_bridge::clock::now_ms();
+    let due = |i: usize| start + 300 + (i as u64 * 7_919) % 3_000;
+    for i in 0..N {
+        let props = lapin::BasicProperties::default()
+            .with_message_id(i.to_string().into())
+            .with_headers(headers(vec![(
+                "x-deliver-at",
+                lapin::types::AMQPValue::LongLongInt(due(i) as i64),
+            )]));
+        w.publish("rk.defaults", i.to_string().as_bytes(), props)
+            .await;
+    }
+    let got = w.recv_n(N, 30 * SEC).await;
+    let mut seen = std::collections::HashSet::new();
+    for m in &got {
+        let i: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
+        assert!(seen.insert(i), "message {i} twice");
+        let late = m.at_ms as i64 - due(i) as i64;
+        assert!((0..100).contains(&late), "message {i}: {late} ms late");
+    }
+    let counts = stats.snapshot();
+    assert!(
+        counts.bundles >= 1 && counts.bundles * 5 <= counts.hops,
+        "hops travelled in bundles: {counts:?}"
+    );
+    assert_eq!(counts.bundling, 1);
+    w.assert_quiet(Duration::from_millis(500)).await;
+    w.cleanup().await;
+}

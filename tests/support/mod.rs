@@ -103,7 +103,8 @@ pub struct Setup<'a> {
     pub management: RawManagement,
     /// False: nothing consumes the parked queue (the test reads it itself).
     pub watch_parked: bool,
-    /// `bridge.hop_window`, when not the default.
+    /// `bridge.hop_window`: `0s` unless set (so the ladder runs as given, without bundles);
+    /// `None` is the product's default (100 ms, bundled).
     pub hop_window: Option<Duration>,
     /// `bridge.bundle_hops`, when not the default.
     pub bundle_hops: Option<bool>,
@@ -126,7 +127,7 @@ impl<'a> Setup<'a> {
             max_unacked_bytes: None,
             management: RawManagement::default(),
             watch_parked: true,
-            hop_window: None,
+            hop_window: Some(Duration::ZERO),
             bundle_hops: None,
         }
     }
@@ -175,6 +176,8 @@ pub fn raw_config(
         bridge: RawBridge {
             prefetch: Some(prefetch),
             shutdown_timeout: Some(Duration::from_secs(5)),
+            // The ladder as given: hops at once, no bundles (tests of bundles set a window).
+            hop_window: Some(Duration::ZERO),
             ..RawBridge::default()
         },
         cancel: RawCancel::default(),

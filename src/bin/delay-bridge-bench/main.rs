@@ -26,7 +26,9 @@ mod intake;
 mod ladder;
 mod load;
 mod measured_bridge;
+mod mixed;
 mod pending;
+mod plugin;
 mod process_usage;
 mod spread;
 mod steady;
@@ -102,6 +104,14 @@ pub enum Scenario {
     /// into a plain durable queue whose consumer acks late (every `--ack-every`, as the
     /// bridge acks a new message once what replaced it is confirmed), beside the baseline.
     Intake(intake::Args),
+    /// A soak that lives like production: one bridge for many minutes at a steady rate,
+    /// with large bodies, bursts, cancels, reschedules and unroutable messages; lateness per
+    /// minute, what went missing or came twice, CPU and RSS per minute, and a picture.
+    Mixed(mixed::Args),
+    /// The archived delayed-message plugin (when enabled on the broker), measured as
+    /// `steady` and `burst` measure the bridge: lateness and the broker's CPU per message
+    /// at a steady rate, then a burst's drain rate.
+    Plugin(plugin::Args),
     /// Many long-delay messages pending in the levels: broker memory per pending message
     /// and the bridge's RSS as the count grows.
     Pending(pending::Args),
@@ -147,6 +157,8 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::Hop(args) => hop::run(base, args).await,
         Scenario::Intake(args) => intake::run(base, args).await,
         Scenario::Pending(args) => pending::run(base, args).await,
+        Scenario::Mixed(args) => mixed::run(base, args).await,
+        Scenario::Plugin(args) => plugin::run(base, args).await,
         Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,

@@ -93,10 +93,14 @@ impl MeasuredBridge {
             .context("reading the bridge's metrics")
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> Result<i32> {
+        i32::try_from(self.process.pid()).context("pid out of range")
+    }
+
     /// Its memory and CPU time now.
     pub fn usage(&self) -> Result<ProcessUsage> {
-        let pid = i32::try_from(self.process.pid()).context("pid out of range")?;
-        process_usage::read(pid).context("the bridge process")
+        process_usage::read(self.pid()?).context("the bridge process")
     }
 
     /// Stops it with SIGTERM (its graceful shutdown) and waits up to 30 s for it to exit.

@@ -250,6 +250,9 @@ impl Carrier {
             }
         };
         let too_often = self.redelivered_too_often(&properties, redeliveries);
+        // Back from the returns queue (level zero): its messages wait out their last
+        // moments here; back from a level, they move there first.
+        let waits_here = routing_key.as_str() == self.shared.config.names.returns_queue();
         let messages = members
             .into_iter()
             .map(|Member { properties, body }| {
@@ -263,6 +266,7 @@ impl Carrier {
                         body,
                         envelope,
                         read_at,
+                        waits_here,
                     }),
                     Err(parked) => Err(Box::new(Undecodable {
                         tag,

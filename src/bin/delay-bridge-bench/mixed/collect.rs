@@ -1,0 +1,262 @@
+//! The soak's collector: every message that reaches the target queue or the parked queue,
+//! by sequence number, with its first arrival and how many copies came.
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use lapin::Connection;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::minutes::Arrived;
+use super::traffic::{Kind, Layout};
+use crate::load::{consume_no_ack, now_us, read_body};
+
+/// What reached the two queues.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// First arrival at the target per sequence number (epoch µs, 0: none) and its due time.
+    first: Vec<(u64, u64)>,
+    /// Copies that reached the target, per sequence number.
+    copies: Vec<u32>,
+    /// Copies parked, per sequence number.
+    parked: Vec<u32>,
+    /// Parked copies whose reason was not `unroutable`, or bodies the bench did not make.
+    pub strays: u64,
+}
+
+/// How the soak's messages ended, against what each kind should.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    /// Should have reached the target and did not.
+    pub missing: u64,
+    /// Reached the target more than once (copies beyond the first).
+    pub doubled: u64,
+    /// Cancelled, and delivered all the same.
+    pub cancel_lost: u64,
+    /// Unroutable and not parked, or parked more than once.
+    pub unparked: u64,
+    /// Parked although they should not have been.
+    pub misparked: u64,
+}
+
+impl Collected {
+    fn new(total: u64) -> Self {
+        Self {
+            first: vec![(0, 0); total as usize],
+            copies: vec![0; total as usize],
+            parked: vec![0; total as usize],
+            strays: 0,
+        }
+    }
+
+    /// Every first arrival at the target.
+    pub fn arrived(&self) -> Vec<Arrived> {
+        self.first
+            .iter()
+            .enumerate()
+            .filter(|(_, (at, _))| *at > 0)
+            .map(|(seq, (at_us, due_us))| Arrived {
+                seq: seq as u64,
+                at_us: *at_us,
+                due_us: *due_us,
+            })
+            .collect()
+    }
+
+    /// How each message ended, against its kind. A message in `late` (its cancel or
+    /// reschedule came too close to its due time to count) may have come once more.
+    pub fn outcomes(&self, layout: &Layout, late: &[u64]) -> Outcomes {
+        let mut o = Outcomes::default();
+        for seq in 0..layout.total() {
+            let (mut copies, parked) = (self.copies[seq as usize], self.parked[seq as usize]);
+            if late.binary_search(&seq).is_ok() {
+                copies = copies.min(1);
+                if layout.kind(seq) == Kind::Cancelled {
+                    copies = 0;
+                }
+            }
+            match layout.kind(seq) {
+                Kind::Cancelled => o.cancel_lost += u64::from(copies),
+                Kind::Unroutable => {
+                    o.unparked += u64::from(parked != 1);
+                    o.doubled += u64::from(copies);
+                }
+                _ => {
+                    o.missing += u64::from(copies == 0);
+                    o.doubled += u64::from(copies.saturating_sub(1));
+                }
+            }
+            if layout.kind(seq) != Kind::Unroutable {
+                o.misparked += u64::from(parked);
+            }
+        }
+        o
+    }
+
+    /// Messages missing and doubled at the target, by kind (what should reach it).
+    pub fn by_kind(&self, layout: &Layout) -> Vec<(Kind, (u64, u64))> {
+        let kinds = [Kind::Small, Kind::Rescheduled, Kind::Large, Kind::Burst];
+        kinds
+            .into_iter()
+            .map(|kind| {
+                let (mut missing, mut doubled) = (0, 0);
+                for seq in (0..layout.total()).filter(|s| layout.kind(*s) == kind) {
+                    let copies = self.copies[seq as usize];
+                    missing += u64::from(copies == 0);
+                    doubled += u64::from(copies.saturating_sub(1));
+                }
+                (kind, (missing, doubled))
+            })
+            .collect()
+    }
+
+    /// A copy of `seq` reached the target: true when it is the first.
+    fn target(&mut self, seq: u64, due_us: u64, at: u64) -> bool {
+        let Some(copies) = self.copies.get_mut(seq as usize) else {
+            return false;
+        };
+        *copies += 1;
+        if *copies == 1 {
+            self.first[seq as usize] = (at, due_us);
+        }
+        *copies == 1
+    }
+}
+
+/// Consumes the target and parked queues (auto-ack) in a task of its own.
+pub struct Collector {
+    task: JoinHandle<Result<Collected>>,
+    stop: CancellationToken,
+    /// Turns true once every message that should arrive somewhere did.
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Collector {
+    /// Starts consuming `target` and `parked` on `conn`, for the sequence numbers of
+    /// `layout`.
+    pub async fn start(
+        conn: &Connection,
+        target: &str,
+        parked: &str,
+        layout: Layout,
+    ) -> Result<Self> {
+        let total = layout.total();
+        // Each delivered once, or parked once.
+        let expected = (0..total)
+            .filter(|seq| {
+                let kind = layout.kind(*seq);
+                kind.is_delivered() || kind == Kind::Unroutable
+            })
+            .count() as u64;
+        let (done_tx, done) = tokio::sync::watch::channel(false);
+        let (target_channel, mut targets) =
+            consume_no_ack(conn, target, "delay-bridge-bench-mixed").await?;
+        let (parked_channel, mut parks) =
+            consume_no_ack(conn, parked, "delay-bridge-bench-mixed-parked").await?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut collected = Collected::new(total);
+            // Distinct messages at the target, plus parked copies.
+            let mut arrived = 0u64;
+            loop {
+                if arrived == expected {
+                    done_tx.send_replace(true);
+                }
+                tokio::select! {
+                    next = targets.next() => {
+                        let at = now_us();
+                        let delivery = next.context("the target consumer ended")?.context("consuming")?;
+                        match read_body(&delivery.data) {
+                            Some((seq, due_us)) if seq < total => {
+                                if collected.target(seq, due_us, at) {
+                                    arrived += 1;
+                                }
+                            }
+                            _ => collected.strays += 1,
+                        }
+                    }
+                    next = parks.next() => {
+                        let delivery = next.context("the parked consumer ended")?.context("consuming")?;
+                        let reason = delivery
+                            .properties
+                            .headers()
+                            .as_ref()
+                            .and_then(|h| h.inner().get(delay_bridge::contract::header::REASON).cloned());
+                        let unroutable = matches!(
+                            reason,
+                            Some(lapin::types::AMQPValue::LongString(ref s)) if s.as_bytes() == b"unroutable"
+                        );
+                        match read_body(&delivery.data) {
+                            Some((seq, _)) if unroutable && seq < total => {
+                                collected.parked[seq as usize] += 1;
+                                arrived += 1;
+                            }
+                            _ => collected.strays += 1,
+                        }
+                    }
+                    _ = stopped.cancelled() => break,
+                }
+            }
+            let _ = target_channel.close(200, "collected".into()).await;
+            let _ = parked_channel.close(200, "collected".into()).await;
+            Ok(collected)
+        });
+        Ok(Self { task, stop, done })
+    }
+
+    /// Waits until every message that should arrive somewhere did, or `deadline`; then
+    /// watches `linger` more (late copies), stops and returns what arrived.
+    pub async fn finish(
+        mut self,
+        deadline: tokio::time::Instant,
+        linger: std::time::Duration,
+    ) -> Result<Collected> {
+        let _ = tokio::time::timeout_at(deadline, self.done.wait_for(|d| *d)).await;
+        tokio::time::sleep(linger).await;
+        self.stop.cancel();
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => bail!("the collector task failed: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_count_each_kind_against_what_it_should_become() {
+        let layout = Layout {
+            steady: 1000,
+            large: 1,
+            bursts: 1,
+            burst_size: 2,
+        };
+        let mut c = Collected::new(layout.total());
+        for seq in 0..layout.total() {
+            if layout.kind(seq).is_delivered() {
+                c.target(seq, 1, 2);
+            }
+        }
+        c.parked[15..20].iter_mut().for_each(|p| *p = 1);
+        assert_eq!(c.outcomes(&layout, &[]), Outcomes::default());
+        c.target(20, 1, 3);
+        c.target(0, 1, 3);
+        c.copies[1001] = 0;
+        c.parked[15] = 0;
+        c.parked[21] = 1;
+        assert_eq!(c.outcomes(&layout, &[0]).cancel_lost, 0, "a late cancel");
+        assert_eq!(
+            c.outcomes(&layout, &[]),
+            Outcomes {
+                missing: 1,
+                doubled: 1,
+                cancel_lost: 1,
+                unparked: 1,
+                misparked: 1,
+            }
+        );
+    }
+}

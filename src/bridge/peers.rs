@@ -1,0 +1,132 @@
+//! Whether every bridge on the prefix reads bundles, so that this one may bundle its hops
+//! (`bridge.bundle_hops`).
+//!
+//! A bundle comes back through the returns queue, which only versions that read bundles
+//! consume; a version that does not read them consumes the work queue alone (and parks a
+//! bundle it meets `bad-state`). Every instance of this version consumes both queues, so
+//! while the work queue has more consumers than the returns queue an older instance runs
+//! on the prefix (or one of ours is between two consumers for a moment): hops then go
+//! alone. The counts come from a passive declare of each queue every [`EVERY`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lapin::{Channel, Connection};
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use crate::amqp::{QueueCounts, queue_counts};
+
+/// How often the consumer counts are read.
+pub(super) const EVERY: Duration = Duration::from_secs(2);
+
+/// True when the consumers of the returns queue (`returns`) are at least those of the work
+/// queue (`work`): no instance consumes the work queue alone.
+pub(crate) fn every_peer_reads_bundles(work: QueueCounts, returns: QueueCounts) -> bool {
+    work.consumers > 0 && returns.consumers >= work.consumers
+}
+
+/// Reads the counts once now (so that the session's first hops know), then every
+/// [`EVERY`] in a task of its own until `stop` fires, keeping `shared.peers_read_bundles`
+/// up to date. A failed reading closes the gate until the next one.
+pub(super) async fn watch(
+    shared: Arc<Shared>,
+    connection: Arc<Connection>,
+    stop: CancellationToken,
+) {
+    if !shared.config.bundle_hops {
+        return;
+    }
+    let mut channel = None;
+    check(&shared, &connection, &mut channel, true).await;
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => check(&shared, &connection, &mut channel, false).await,
+                _ = stop.cancelled() => break,
+            }
+        }
+        shared.peers_read_bundles.store(false, Ordering::Relaxed);
+        shared.stats.bundling.store(0, Ordering::Relaxed);
+        if let Some(open) = channel {
+            let _ = open.close(200, "session ended".into()).await;
+        }
+    });
+}
+
+/// One reading, on `channel` (opened anew when it is gone), into the gate; a change is
+/// logged (and, on the `first` reading, a closed gate).
+async fn check(
+    shared: &Shared,
+    connection: &Connection,
+    channel: &mut Option<Channel>,
+    first: bool,
+) {
+    if !channel.as_ref().is_some_and(|c| c.status().connected()) {
+        *channel = connection.create_channel().await.ok();
+    }
+    let reading = match channel {
+        Some(open) => read(shared, open).await,
+        None => None,
+    };
+    let allowed = reading.is_some_and(|(work, returns)| every_peer_reads_bundles(work, returns));
+    let was = shared.peers_read_bundles.swap(allowed, Ordering::Relaxed);
+    shared
+        .stats
+        .bundling
+        .store(u64::from(allowed), Ordering::Relaxed);
+    match (was, allowed, reading) {
+        (true, false, Some((work, returns))) | (false, false, Some((work, returns)))
+            if (was || first) && work.consumers > returns.consumers =>
+        {
+            tracing::warn!(
+                work_consumers = work.consumers,
+                returns_consumers = returns.consumers,
+                "an instance that does not read bundles consumes the work queue (an older version?): hops go alone until it is gone"
+            );
+        }
+        (false, true, _) => {
+            tracing::info!("every instance on the prefix reads bundles: hops travel in bundles");
+        }
+        _ => {}
+    }
+}
+
+/// The work and returns queues' counts, or `None` when either could not be read.
+async fn read(shared: &Shared, channel: &Channel) -> Option<(QueueCounts, QueueCounts)> {
+    let names = &shared.config.names;
+    let work = queue_counts(channel, &names.work_queue()).await;
+    let returns = queue_counts(channel, &names.returns_queue()).await;
+    match (work, returns) {
+        (Ok(work), Ok(returns)) => Some((work, returns)),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::debug!(error = %e, "reading the consumers of the work and returns queues");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn consumers(consumers: u64) -> QueueCounts {
+        QueueCounts {
+            messages: 0,
+            consumers,
+        }
+    }
+
+    #[test]
+    fn an_instance_consuming_the_work_queue_alone_stops_bundling() {
+        assert!(every_peer_reads_bundles(consumers(1), consumers(1)));
+        assert!(every_peer_reads_bundles(consumers(3), consumers(3)));
+        assert!(!every_peer_reads_bundles(consumers(2), consumers(1)));
+        assert!(!every_peer_reads_bundles(consumers(0), consumers(0)));
+        // One of ours between two work consumers for a moment.
+        assert!(every_peer_reads_bundles(consumers(1), consumers(2)));
+    }
+}
