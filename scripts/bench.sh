@@ -10,9 +10,15 @@
 #   bash scripts/bench.sh steady capacity      # some scenarios
 #   BENCH_RUNS=1 bash scripts/bench.sh burst   # another number of runs
 #   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672) or 4 (5673)
-#   BENCH_BUNDLE_WINDOW=100ms bash scripts/bench.sh steady   # the bridge bundles its hops
-#                                      # (bridge.hop_window = 100ms, bridge.bundle_hops = true);
-#                                      # reports go to target/bench/<version>/bundles-100ms/
+#   BENCH_BUNDLE_WINDOW=200ms bash scripts/bench.sh steady   # another hop window (the
+#                                      # default config bundles in 100-ms windows); reports go
+#                                      # to target/bench/<version>/bundles-200ms/
+#   BENCH_BUNDLE_WINDOW=0s bash scripts/bench.sh steady      # no windows, no bundles (as before
+#                                      # they were the default); reports go to .../no-bundles/
+#   BENCH_BROKERS=3 bash scripts/bench.sh plugin   # the archived delayed-message plugin beside
+#                                      # the bridge (installed for the broker and enabled first)
+#   BENCH_RUNS=3 bash scripts/bench.sh mixed       # the 30-minute soak, 3 runs (not in the
+#                                      # default list: 90 minutes per broker)
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
 #                                      # capacity's target is twice this figure: the capacity
 #                                      # measured on this machine before the first change for
@@ -34,11 +40,12 @@ cargo build --release --quiet --features bench
 bench=./target/release/delay-bridge-bench
 label=
 if [ -n "${BENCH_BUNDLE_WINDOW:-}" ]; then
-  # The default configuration with bundled hops: nothing else differs.
-  label=bundles-$BENCH_BUNDLE_WINDOW
+  # The default configuration with another hop window: nothing else differs.
+  if [ "$BENCH_BUNDLE_WINDOW" = 0s ]; then label=no-bundles; bundles=false; else
+    label=bundles-$BENCH_BUNDLE_WINDOW; bundles=true; fi
   mkdir -p target/bench
   sed -e "s/^hop_window = .*/hop_window = \"$BENCH_BUNDLE_WINDOW\"/" \
-      -e 's/^bundle_hops = .*/bundle_hops = true/' config/delay-bridge.toml >"target/bench/$label.toml"
+      -e "s/^bundle_hops = .*/bundle_hops = $bundles/" config/delay-bridge.toml >"target/bench/$label.toml"
   bench="$bench --config target/bench/$label.toml"
 fi
 

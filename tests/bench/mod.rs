@@ -450,3 +450,67 @@ fn bench_options_that_must_be_above_zero_refuse_zero_negative_and_nan() {
         }
     }
 }
+
+/// The soak, shortened: 15 s at 400 msg/s with large bodies, bursts, cancels, reschedules
+/// and unroutable messages through one bridge. Every message ends as it should, the minutes
+/// are reported, every target has a verdict, and the picture is drawn.
+#[tokio::test]
+async fn bench_mixed_smoke() {
+    let svg = std::env::temp_dir().join(format!("{}.svg", unique_prefix("bench-mixed")));
+    let svg_arg = svg.display().to_string();
+    let mut args = vec![
+        "mixed",
+        "--rate",
+        "400",
+        "--minutes",
+        "0.25",
+        "--min-delay",
+        "1s",
+        "--max-delay",
+        "3s",
+        "--large-every",
+        "5s",
+        "--large-size",
+        "200000",
+        "--burst-every",
+        "7s",
+        "--burst-size",
+        "300",
+        "--svg",
+        &svg_arg,
+    ];
+    args.extend(SMALL_BASELINE);
+    let json = bench(&args).await;
+    assert_baseline(&json);
+    for outcome in [
+        "missing",
+        "doubled",
+        "cancel_lost",
+        "unparked",
+        "misparked",
+        "strays",
+    ] {
+        assert_eq!(json[outcome], 0, "{outcome}: {json}");
+    }
+    let minutes = json["minutes_due"]
+        .as_object()
+        .expect("minutes by due time");
+    assert!(
+        minutes["01"]["small"]["count"].as_u64().unwrap() > 5_000,
+        "{json}"
+    );
+    assert_eq!(minutes["01"]["large_due"], 3);
+    assert_eq!(minutes["01"]["burst_due"], 600);
+    assert_targets(&json, 4);
+    assert_eq!(
+        target(&json, "every message as it should end")["verdict"],
+        "PASS"
+    );
+    let picture = std::fs::read_to_string(&svg).expect("the picture is drawn");
+    assert!(
+        picture.starts_with("<svg"),
+        "{}",
+        &picture[..100.min(picture.len())]
+    );
+    let _ = std::fs::remove_file(&svg);
+}

@@ -33,8 +33,8 @@ pub struct Args {
     /// Messages per second of the steady pass.
     #[arg(long, default_value_t = 2000.0, value_parser = above_zero)]
     rate: f64,
-    /// How long the steady pass publishes, seconds.
-    #[arg(long, default_value_t = 20.0, value_parser = above_zero)]
+    /// How long the steady pass publishes, seconds (as `steady`'s).
+    #[arg(long, default_value_t = 60.0, value_parser = above_zero)]
     seconds: f64,
     #[command(flatten)]
     shape: Shape,
@@ -155,9 +155,8 @@ async fn declare(channel: &Channel, name: &str) -> Result<()> {
         )
         .await
         .context(
-            "declaring an x-delayed-message exchange: is the plugin enabled? \
-             (../shared/plugin-3.10: bash build.sh install; \
-             rabbitmq-plugins enable rabbitmq_delayed_message_exchange)",
+            "declaring an x-delayed-message exchange: is the plugin installed for this \
+             broker and enabled? (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)",
         )?;
     channel
         .queue_declare(

@@ -257,13 +257,15 @@ async fn measure(
     large.await.context("the large-body publisher")??;
     bursts.await.context("the burst publisher")??;
     let late_cancels = canceller.await.context("the canceller")??;
+    // The minutes end with the publishing; the deliveries after it count in the totals.
+    sampler.end_minutes();
     // Every message is due by now plus the longest delay (and a rescheduled one 2 s later).
     let deadline = tokio::time::Instant::now()
         + shape.max.max(BURST_LEAD)
         + RESCHEDULED_LATER
         + Duration::from_secs(30);
     let collected = collector.finish(deadline, Duration::from_secs(2)).await?;
-    let readings = sampler.finish().await?;
+    let (readings, end_reading) = sampler.finish().await?;
     let end = bridge.usage()?;
     bridge.stop().await?;
     let _ = consumer.close(200, "done".into()).await;
@@ -282,9 +284,7 @@ async fn measure(
             last.saturating_sub(due) as f64 / 1e6
         })
         .collect();
-    let first = readings.first().copied();
-    let last = readings.last().copied();
-    let totals = first.zip(last);
+    let totals = readings.first().copied().map(|first| (first, end_reading));
     let messages = layout.total().max(1) as f64;
     Ok(Measured {
         due: minutes::by_due_minute(&arrived, &layout, start_us),
@@ -393,10 +393,11 @@ async fn publish_bursts(
     Ok(())
 }
 
-/// Reads the broker's and the bridge's usage once a minute.
+/// Reads the broker's and the bridge's usage once a minute while the run publishes.
 struct Sampler {
     task: tokio::task::JoinHandle<Vec<Reading>>,
     stop: tokio_util::sync::CancellationToken,
+    read: Arc<dyn Fn() -> Reading + Send + Sync>,
 }
 
 impl Sampler {
@@ -407,7 +408,7 @@ impl Sampler {
     ) -> Result<Self> {
         let broker = baseline.broker.clone();
         let pid = bridge.pid()?;
-        let read = move || -> Reading {
+        let read: Arc<dyn Fn() -> Reading + Send + Sync> = Arc::new(move || {
             let usage = crate::process_usage::read(pid).ok();
             Reading {
                 published: published.load(Ordering::Relaxed),
@@ -418,28 +419,36 @@ impl Sampler {
                 bridge_cpu_us: usage.map_or(0, |u| u.cpu.as_micros() as u64),
                 bridge_rss: usage.map_or(0, |u| u.rss),
             }
-        };
+        });
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
+        let reader = read.clone();
         let task = tokio::spawn(async move {
-            let mut readings = vec![read()];
+            let mut readings = vec![reader()];
             let mut minute = tokio::time::interval(Duration::from_secs(60));
             minute.tick().await;
             loop {
                 tokio::select! {
-                    _ = minute.tick() => readings.push(read()),
+                    _ = minute.tick() => readings.push(reader()),
                     _ = stopped.cancelled() => break,
                 }
             }
-            readings.push(read());
+            readings.push(reader());
             readings
         });
-        Ok(Self { task, stop })
+        Ok(Self { task, stop, read })
     }
 
-    async fn finish(self) -> Result<Vec<Reading>> {
+    /// The last minute ends now (a shorter one, when the run is not whole minutes).
+    fn end_minutes(&self) {
         self.stop.cancel();
-        self.task.await.context("the sampler task")
+    }
+
+    /// The readings of the minutes, and one more now.
+    async fn finish(self) -> Result<(Vec<Reading>, Reading)> {
+        self.stop.cancel();
+        let readings = self.task.await.context("the sampler task")?;
+        Ok((readings, (self.read)()))
     }
 }
 
@@ -596,15 +605,17 @@ fn report(
         "missing": o.missing, "doubled": o.doubled, "cancel_lost": o.cancel_lost,
         "unparked": o.unparked, "misparked": o.misparked, "strays": m.strays,
         "late_cancels": m.late_cancels,
-        "minutes_due": m.due.iter().map(|d| json!({
-            "minute": d.minute,
+        // Keyed by minute (not lists), so that `spread` shows each minute over the runs.
+        "minutes_due": m.due.iter().map(|d| (format!("{:02}", d.minute), json!({
             "small": d.small.map(|s| s.json()),
             "large_due": d.large_due, "burst_due": d.burst_due,
-        })).collect::<Vec<_>>(),
-        "minutes_cost": m.cost.iter().map(|c| json!({
-            "minute": c.minute, "published": c.published,
+        }))).collect::<serde_json::Map<_, _>>(),
+        "minutes_cost": m.cost.iter().map(|c| (format!("{:02}", c.minute), json!({
+            "published": c.published,
             "broker_us": c.broker_us, "bridge_us": c.bridge_us, "bridge_rss_bytes": c.bridge_rss,
-        })).collect::<Vec<_>>(),
+        }))).collect::<serde_json::Map<_, _>>(),
+        "first_minute_p99_ms": first as f64 / 1000.0,
+        "worst_minute_p99_ms": worst as f64 / 1000.0,
         "burst_drain_s": m.burst_drains,
         "broker_us": m.broker_us, "bridge_us": m.bridge_us,
         "bridge_peak_rss_bytes": m.peak_rss,
