@@ -234,9 +234,9 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever came before: once a consumer's window is set, small bodies (that fit
-        /// `prefetch` of them) bring it back to `prefetch` within two windows' worth of
-        /// deliveries.
+        /// Whatever came before: small bodies (that fit `prefetch` of them) bring a
+        /// consumer's window back to `prefetch` within two of its windows' worth of
+        /// deliveries plus `prefetch`.
         #[test]
         fn small_bodies_after_anything_widen_back_to_prefetch(
             budget in (64u64 << 10)..(64 << 20),

@@ -316,9 +316,8 @@ impl Carrier {
             waits_here,
         } = moving;
         let mut in_window = config.hop_window.is_zero();
-        // Only while every instance on the prefix reads bundles (`peers`).
-        let mut bundled =
-            config.bundle_hops && self.shared.peers_read_bundles.load(Ordering::Relaxed);
+        // Only while every instance on the prefix reads bundles (`peers` keeps the gauge).
+        let mut bundled = self.shared.stats.bundling.load(Ordering::Relaxed) == 1;
         loop {
             if self.cancelled(envelope) {
                 return Outcome::Done;

@@ -229,7 +229,7 @@ counters! {
     /// The prefetch window of the returns queue's consumer now (as `work_window`).
     returns_window: gauge "delay_bridge_returns_window",
     /// 1 while hops travel in bundles (`bridge.bundle_hops`, and every instance on the
-    /// prefix reads bundles), else 0.
+    /// prefix reads bundles), else 0: the carriers read it to decide.
     bundling: gauge "delay_bridge_bundling",
     /// The bridge's queues holding expired messages their dead-letter worker has not
     /// forwarded for `management.stuck_after` now (read from the management API).
@@ -256,9 +256,6 @@ struct Shared {
     /// How often this process saw each unsettled message redelivered (classic queues keep
     /// no count).
     redeliveries: Mutex<redeliveries::RedeliveryCounts>,
-    /// True while every instance on the prefix reads bundles (`peers`): with
-    /// `bridge.bundle_hops`, hops travel in bundles only then.
-    peers_read_bundles: std::sync::atomic::AtomicBool,
 }
 
 /// A bridge, ready to run.
@@ -301,7 +298,6 @@ impl Bridge {
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
                 redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),
-                peers_read_bundles: std::sync::atomic::AtomicBool::new(false),
             }),
             ready_tx: watch::channel(false).0,
         }

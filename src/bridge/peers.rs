@@ -28,7 +28,7 @@ pub(crate) fn every_peer_reads_bundles(work: QueueCounts, returns: QueueCounts) 
 }
 
 /// Reads the counts once now (so that the session's first hops know), then every
-/// [`EVERY`] in a task of its own until `stop` fires, keeping `shared.peers_read_bundles`
+/// [`EVERY`] in a task of its own until `stop` fires, keeping the gate (`Stats::bundling`)
 /// up to date. A failed reading closes the gate until the next one.
 pub(super) async fn watch(
     shared: Arc<Shared>,
@@ -49,7 +49,6 @@ pub(super) async fn watch(
                 _ = stop.cancelled() => break,
             }
         }
-        shared.peers_read_bundles.store(false, Ordering::Relaxed);
         shared.stats.bundling.store(0, Ordering::Relaxed);
         if let Some(open) = channel {
             let _ = open.close(200, "session ended".into()).await;
@@ -73,11 +72,11 @@ async fn check(
         None => None,
     };
     let allowed = reading.is_some_and(|(work, returns)| every_peer_reads_bundles(work, returns));
-    let was = shared.peers_read_bundles.swap(allowed, Ordering::Relaxed);
-    shared
+    let was = shared
         .stats
         .bundling
-        .store(u64::from(allowed), Ordering::Relaxed);
+        .swap(u64::from(allowed), Ordering::Relaxed)
+        == 1;
     match (was, allowed, reading) {
         (true, false, Some((work, returns))) | (false, false, Some((work, returns)))
             if (was || first) && work.consumers > returns.consumers =>
