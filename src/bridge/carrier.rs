@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::inlet::{Inlet, Tag};
 use super::refusals::TargetRefusals;
+use super::turns::{Lane, Lanes};
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
@@ -66,6 +67,8 @@ pub(super) struct Carrier {
     stop: CancellationToken,
     /// The bundles of hops filling up now (`bridge.bundle_hops`).
     bundles: Arc<bundles::Filling>,
+    /// The turns the messages of bundles take at publishing to their targets.
+    lanes: Arc<Lanes>,
 }
 
 /// A decoded delivery on its way to its target.
@@ -80,6 +83,9 @@ struct Decoded {
     /// moves to the returns queue to wait instead, so that the delivery it came in is
     /// settled within its window.
     waits_here: bool,
+    /// For a message of a bundle, the bundle's lane: it publishes to its target in turns
+    /// with the other bundles' messages (see `bridge::turns`).
+    lane: Option<Lane>,
 }
 
 /// A delivery that could not be decoded: parked as it was consumed.
@@ -178,6 +184,7 @@ impl Carrier {
             events,
             stop,
             bundles: Arc::default(),
+            lanes: Lanes::new(),
         }
     }
 
@@ -294,6 +301,7 @@ impl Carrier {
                 envelope,
                 read_at,
                 waits_here: tag.inlet == Inlet::Returns,
+                lane: None,
             }),
             Err(parked) => Err(Box::new(Undecodable {
                 tag,
@@ -314,6 +322,7 @@ impl Carrier {
             envelope,
             read_at,
             waits_here,
+            lane,
         } = moving;
         let mut in_window = config.hop_window.is_zero();
         // Only while every instance on the prefix reads bundles (`peers` keeps the gauge).
@@ -382,6 +391,15 @@ impl Carrier {
                     }
                 }
                 Step::Deliver => {
+                    // The messages of a bundle take turns with other bundles', so that one
+                    // due now need not wait behind every message of a burst.
+                    let _turn = match lane {
+                        Some(lane) => tokio::select! {
+                            turn = lane.turn() => Some(turn),
+                            _ = self.stop.cancelled() => return Outcome::Release,
+                        },
+                        None => None,
+                    };
                     return Box::pin(self.deliver(*tag, body, envelope, *read_at)).await;
                 }
             }

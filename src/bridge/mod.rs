@@ -15,6 +15,7 @@ mod redeliveries;
 mod refusals;
 mod session;
 mod stuck;
+mod turns;
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};

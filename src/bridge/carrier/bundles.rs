@@ -253,6 +253,7 @@ impl Carrier {
         // Back from the returns queue (level zero): its messages wait out their last
         // moments here; back from a level, they move there first.
         let waits_here = routing_key.as_str() == self.shared.config.names.returns_queue();
+        let lane = self.lanes.open();
         let messages = members
             .into_iter()
             .map(|Member { properties, body }| {
@@ -267,6 +268,7 @@ impl Carrier {
                         envelope,
                         read_at,
                         waits_here,
+                        lane: Some(lane.clone()),
                     }),
                     Err(parked) => Err(Box::new(Undecodable {
                         tag,

@@ -132,11 +132,11 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Starts consuming `target` and `parked` on `conn`, for the sequence numbers of
-    /// `layout`.
+    /// Starts consuming the `targets` (the small messages' queue and the bursts') and
+    /// `parked` on `conn`, for the sequence numbers of `layout`.
     pub async fn start(
         conn: &Connection,
-        target: &str,
+        targets: [&str; 2],
         parked: &str,
         layout: Layout,
     ) -> Result<Self> {
@@ -149,8 +149,11 @@ impl Collector {
             })
             .count() as u64;
         let (done_tx, done) = tokio::sync::watch::channel(false);
-        let (target_channel, mut targets) =
-            consume_no_ack(conn, target, "delay-bridge-bench-mixed").await?;
+        let (target_channel, small) =
+            consume_no_ack(conn, targets[0], "delay-bridge-bench-mixed").await?;
+        let (burst_channel, bursts) =
+            consume_no_ack(conn, targets[1], "delay-bridge-bench-mixed-bursts").await?;
+        let mut targets = futures::stream::select(small, bursts);
         let (parked_channel, mut parks) =
             consume_no_ack(conn, parked, "delay-bridge-bench-mixed-parked").await?;
         let stop = CancellationToken::new();
@@ -199,6 +202,7 @@ impl Collector {
                 }
             }
             let _ = target_channel.close(200, "collected".into()).await;
+            let _ = burst_channel.close(200, "collected".into()).await;
             let _ = parked_channel.close(200, "collected".into()).await;
             Ok(collected)
         });

@@ -91,8 +91,14 @@ const CANCEL_LEAD: Duration = Duration::from_millis(500);
 const RESCHEDULED_LATER: Duration = Duration::from_secs(2);
 /// How far ahead of its start a burst is due.
 const BURST_LEAD: Duration = Duration::from_secs(10);
-/// The routing keys: the target (a topic exchange bound `rk.#`) takes the first only.
+/// The routing keys: the target (a topic exchange) routes the first to its queue (bound
+/// `rk.#`), the bursts' to a queue of their own (bound `burst.#`, read by a consumer of its
+/// own, as a campaign's consumer would be: with one queue for both, a consumer reads a
+/// burst's 20 000 messages before the small ones behind them, whatever delivered them), and
+/// the last nowhere.
 const ROUTED_KEY: &str = "rk.mixed";
+const BURST_KEY: &str = "burst.mixed";
+const BURST_BINDING: &str = "burst.#";
 const UNROUTABLE_KEY: &str = "unroutable.mixed";
 
 /// The run's shape, from its options.
@@ -145,13 +151,16 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         .baseline
         .measure(base, args.body_size, args.rate)
         .await?;
-    let sandbox = Sandbox::declare(
+    let mut sandbox = Sandbox::declare(
         base,
         "delay-bridge-bench-mixed",
         TargetBinding::Topic("rk.#".into()),
     )
     .await?;
-    let measured = measure(&sandbox, &baseline, args, &shape).await;
+    let burst_queue = format!("{}.burst.q", sandbox.prefix());
+    sandbox.adopt_queue(&burst_queue);
+    declare_burst_queue(&sandbox, &burst_queue).await?;
+    let measured = measure(&sandbox, &burst_queue, &baseline, args, &shape).await;
     sandbox.finish().await?;
     report(base, &baseline, args, &shape, measured?)
 }
@@ -173,8 +182,37 @@ struct Measured {
     bridge_us: f64,
 }
 
+/// The bursts' own queue, bound to the target with [`BURST_BINDING`].
+async fn declare_burst_queue(sandbox: &Sandbox, queue: &str) -> Result<()> {
+    let channel = sandbox.channel().await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("declaring {queue}"))?;
+    channel
+        .queue_bind(
+            queue.into(),
+            sandbox.target.as_str().into(),
+            BURST_BINDING.into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("binding {queue}"))?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(())
+}
+
 async fn measure(
     sandbox: &Sandbox,
+    burst_queue: &str,
     baseline: &Baseline,
     args: &Args,
     shape: &Shape,
@@ -184,7 +222,7 @@ async fn measure(
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(
         &consumer,
-        &sandbox.target_queue,
+        [sandbox.target_queue.as_str(), burst_queue],
         &sandbox.config.names.parked_queue(),
         layout,
     )
@@ -385,7 +423,7 @@ async fn publish_bursts(
         publish(&channel, layout.burst_size, None, |j| {
             published.fetch_add(1, Ordering::Relaxed);
             let mut out = due_at(&ingress, first + j, due, body_size);
-            out.routing_key = ROUTED_KEY.into();
+            out.routing_key = BURST_KEY.into();
             out
         })
         .await?;
