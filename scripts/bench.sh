@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmarks: brings up RabbitMQ 3.x (127.0.0.1:5672) and 4.x (127.0.0.1:5673,
-# scripts/broker4.sh), builds delay-bridge and delay-bridge-bench in release mode, and runs
+# scripts/debian-broker.sh trixie), builds delay-bridge and delay-bridge-bench in release mode, and runs
 # each scenario three times on each broker, one run after the other (never in parallel:
 # they would measure each other). Each run's report goes to
 # target/bench/<broker version>/<scenario>.<run>.txt; after the runs of a scenario, its
@@ -53,8 +53,8 @@ for broker in $brokers; do
   case $broker in
     3) bash scripts/broker.sh; url="amqp://guest:guest@127.0.0.1:5672/%2f"
        version=$(rabbitmqctl version 2>/dev/null || echo 3.x) ;;
-    4) bash scripts/broker4.sh start; url="amqp://guest:guest@127.0.0.1:5673/%2f"
-       version=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo 4.x) ;;
+    4) bash scripts/debian-broker.sh trixie start; url="amqp://guest:guest@127.0.0.1:5673/%2f"
+       version=$(bash scripts/debian-broker.sh trixie ctl version 2>/dev/null || echo 4.x) ;;
     *) echo "bench.sh: BENCH_BROKERS takes 3 and/or 4, not $broker" >&2; exit 2 ;;
   esac
   out=target/bench/$version${label:+/$label}

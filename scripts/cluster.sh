@@ -20,7 +20,7 @@
 #   bash scripts/cluster.sh stop-tls      # stop node 5
 #
 # CLUSTER_BROKER picks the RabbitMQ: 3 (default) runs the installed package (3.10.8 from
-# scripts/broker.sh); 4 runs 4.0.x inside scripts/broker4.sh's chroot (installed and started
+# scripts/broker.sh); 4 runs 4.0.x inside scripts/debian-broker.sh trixie's chroot (installed and started
 # on first use), with the same commands. Every command of a 4.x cluster needs
 # CLUSTER_BROKER=4 (export it).
 #
@@ -69,7 +69,7 @@ host_dir=$root$dir
 ensure_root() {
   [ -z "$root" ] && return
   if [ ! -x "$root$bin/rabbitmq-server" ] || ! mountpoint -q "$root/proc"; then
-    bash "$here/broker4.sh" start
+    bash "$here/debian-broker.sh" trixie start
   fi
 }
 
@@ -196,7 +196,7 @@ case "${1:-}" in
     say "single node 4 up in $((SECONDS - started)) s: amqp://guest:guest@127.0.0.1:$(amqp_port 4)/%2f"
     ;;
   start-tls)
-    [ -z "$root" ] || die "4.x has its own TLS node: bash scripts/broker4.sh start-tls DIR"
+    [ -z "$root" ] || die "4.x has its own TLS node: bash scripts/debian-broker.sh trixie start-tls DIR"
     tls_dir=$(cd "${2:?usage: cluster.sh start-tls DIR}" && pwd)
     for f in ca.pem server.pem server.key; do
       [ -r "$tls_dir/$f" ] || die "no $tls_dir/$f"

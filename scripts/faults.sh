@@ -17,7 +17,7 @@
 #   broker-crash-classic  the same in classic mode
 #
 # The cluster scenarios run on the installed RabbitMQ (3.x); with CLUSTER_BROKER=4 they run
-# on 4.0.x in scripts/broker4.sh's chroot, and the reports go to target/faults/4/.
+# on 4.0.x in scripts/debian-broker.sh trixie's chroot, and the reports go to target/faults/4/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"

@@ -29,7 +29,7 @@ baseline=false
 seconds=${PROFILE_SECONDS:-10}
 case $broker in
   3) bash scripts/broker.sh >&2; url="amqp://guest:guest@127.0.0.1:5672/%2f"; ctl=(rabbitmqctl) ;;
-  4) bash scripts/broker4.sh start >&2; url="amqp://guest:guest@127.0.0.1:5673/%2f"; ctl=(bash scripts/broker4.sh ctl) ;;
+  4) bash scripts/debian-broker.sh trixie start >&2; url="amqp://guest:guest@127.0.0.1:5673/%2f"; ctl=(bash scripts/debian-broker.sh trixie ctl) ;;
 esac
 command -v perf >/dev/null || { echo "profile.sh: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
 cargo build --release --quiet --features bench
@@ -111,7 +111,7 @@ io:format(\"reductions in ~b s: ~b~n\", [$seconds, Total]),
 ok." | sed 's/^/broker processes: /'
 wait "$perf_broker" $perf_bridge || true
 if [ -n "${PROFILE_EPROF:-}" ]; then
-  # The broker writes the log; RabbitMQ 4.x runs in scripts/broker4.sh's chroot.
+  # The broker writes the log; RabbitMQ 4.x runs in scripts/debian-broker.sh trixie's chroot.
   eprof_log=/tmp/profile-eprof.$$
   local_log=$eprof_log
   [ "$broker" = 4 ] && local_log=${RMQ4_ROOT:-/var/lib/delay-bridge/rabbitmq-4-trixie}$eprof_log

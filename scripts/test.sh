@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The test command: brings up RabbitMQ 3.x (127.0.0.1:5672) and RabbitMQ 4.x (127.0.0.1:5673,
-# scripts/broker4.sh), checks formatting and lints, runs the unit tests and doctests once
-# and the integration suite against each broker, reporting each separately. The benchmarks'
-# smoke tests need the `bench` feature, so every test run here turns it on.
-# DELAY_BRIDGE_SKIP_RMQ4=1 skips the 4.x run (it is then reported as skipped, not passed).
+# The test command: brings up three brokers, RabbitMQ 3.x (the host's package, 127.0.0.1:5672),
+# 4.0 (Debian trixie's, 127.0.0.1:5673) and 4.3 (Debian sid's, 127.0.0.1:5674), the last two
+# with scripts/debian-broker.sh; checks formatting and lints, runs the unit tests and
+# doctests once and the integration suite against each broker, reporting each separately.
+# The benchmarks' smoke tests need the `bench` feature, so every test run here turns it on.
+# DELAY_BRIDGE_SKIP_RMQ4=1 skips the 4.0 run, DELAY_BRIDGE_SKIP_RMQ43=1 the 4.3 run (each is
+# then reported as skipped, not passed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
 bash scripts/broker.sh
 if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
-  bash scripts/broker4.sh start
+  bash scripts/debian-broker.sh trixie start
+fi
+if [ "${DELAY_BRIDGE_SKIP_RMQ43:-}" != 1 ]; then
+  bash scripts/debian-broker.sh sid start
 fi
 DELAY_BRIDGE_PYTHON=$(bash scripts/python-env.sh)
 export DELAY_BRIDGE_PYTHON
@@ -44,25 +49,38 @@ set -e
 read -r p3 f3 < <(count "$log3")
 summary+=("RabbitMQ $version3 on 5672 (unit, doc and integration tests): $p3 passed, $f3 failed in $((SECONDS - start)) s")
 
+# The integration suite against a broker from a Debian suite (scripts/debian-broker.sh):
+# SUITE AMQP_PORT MANAGEMENT_PORT TLS_PORT. Adds its line to the summary and its counts to
+# p4 f4.
 p4=0 f4=0
-if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
-  version4=$(bash scripts/broker4.sh ctl version 2>/dev/null || echo "4.x")
-  echo "== cargo test --lib --test integration --test alarm --test size_limit --test tls against RabbitMQ $version4 (127.0.0.1:5673; TLS node 5696)"
-  log4=target/test-output-rabbitmq4.log
+run_debian_broker() {
+  local suite=$1 port=$2 management=$3 tls=$4 version log rc p f
+  version=$(bash scripts/debian-broker.sh "$suite" ctl version 2>/dev/null || echo "($suite)")
+  echo "== cargo test --lib --test integration --test alarm --test size_limit --test tls against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
+  log=target/test-output-rabbitmq-$suite.log
   start=$SECONDS
   set +e
-  DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:5673/%2f" \
-    DELAY_BRIDGE_TEST_CTL="bash scripts/broker4.sh ctl" \
-    DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:15673" \
-    DELAY_BRIDGE_TEST_TLS_BROKER="scripts/broker4.sh" DELAY_BRIDGE_TEST_TLS_PORT=5696 \
-    cargo test --features bench --lib --test integration --test alarm --test size_limit --test tls 2>&1 | tee "$log4"
+  DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:$port/%2f" \
+    DELAY_BRIDGE_TEST_CTL="bash scripts/debian-broker.sh $suite ctl" \
+    DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:$management" \
+    DELAY_BRIDGE_TEST_TLS_BROKER="scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
+    cargo test --features bench --lib --test integration --test alarm --test size_limit --test tls 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
   [ "$rc" -eq 0 ] || status=1
-  read -r p4 f4 < <(count "$log4")
-  summary+=("RabbitMQ $version4 on 5673 (unit and integration tests): $p4 passed, $f4 failed in $((SECONDS - start)) s")
+  read -r p f < <(count "$log")
+  p4=$((p4 + p)) f4=$((f4 + f))
+  summary+=("RabbitMQ $version on $port (unit and integration tests): $p passed, $f failed in $((SECONDS - start)) s")
+}
+if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
+  run_debian_broker trixie 5673 15673 5696
 else
-  summary+=("RabbitMQ 4.x: SKIPPED (DELAY_BRIDGE_SKIP_RMQ4=1)")
+  summary+=("RabbitMQ 4.0 (trixie): SKIPPED (DELAY_BRIDGE_SKIP_RMQ4=1)")
+fi
+if [ "${DELAY_BRIDGE_SKIP_RMQ43:-}" != 1 ]; then
+  run_debian_broker sid 5674 15674 5697
+else
+  summary+=("RabbitMQ 4.3 (sid): SKIPPED (DELAY_BRIDGE_SKIP_RMQ43=1)")
 fi
 
 echo "== summary"

@@ -2,7 +2,7 @@
 //! requires a client certificate, and certificates the test makes with `openssl`. The node
 //! comes from `DELAY_BRIDGE_TEST_TLS_BROKER start-tls DIR` (default `scripts/cluster.sh`:
 //! the installed 3.x package, port 5695; `scripts/test.sh` also runs it with
-//! `scripts/broker4.sh`, 4.x, port 5696) and listens on `DELAY_BRIDGE_TEST_TLS_PORT`. A message goes through the bridge over TLS;
+//! `scripts/debian-broker.sh trixie`, 4.0, port 5696, and `sid`, 4.3, port 5697) and listens on `DELAY_BRIDGE_TEST_TLS_PORT`. A message goes through the bridge over TLS;
 //! a broker certificate from another CA, and a missing client certificate, fail to connect
 //! with an error that says so.
 //!
@@ -162,12 +162,17 @@ fn certificates() -> PathBuf {
     dir
 }
 
-/// Runs the script that starts and stops the TLS node.
+/// Runs the script that starts and stops the TLS node: `DELAY_BRIDGE_TEST_TLS_BROKER` (a
+/// script under the project and its leading arguments, for example
+/// `scripts/debian-broker.sh sid`).
 fn tls_broker(args: &[&str]) -> std::process::Output {
-    let script = std::env::var("DELAY_BRIDGE_TEST_TLS_BROKER")
+    let line = std::env::var("DELAY_BRIDGE_TEST_TLS_BROKER")
         .unwrap_or_else(|_| "scripts/cluster.sh".into());
+    let mut parts = line.split_whitespace();
+    let script = parts.next().expect("a script");
     Command::new("bash")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
+        .args(parts)
         .args(args)
         .output()
         .expect("the TLS broker script runs")

@@ -133,7 +133,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
     /// Opens AMQP on `stream` to the broker of `uri` (its credentials and virtual host;
     /// PLAIN or EXTERNAL), shown in the management UI as `name`, and opens the channel.
     pub async fn open(stream: S, uri: &AMQPUri, name: &str) -> Result<Self, BareError> {
-        let (mut bare, _) = Self::handshake(stream, uri, name, 0).await?;
+        let (mut bare, _, _) = Self::handshake(stream, uri, name, 0).await?;
         bare.send_method(
             CHANNEL,
             AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
@@ -148,22 +148,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
 
     /// Opens AMQP on `stream` as [`Bare::open`] does, asking for heartbeats every
     /// `heartbeat` seconds (`0`: none; a lower proposal of the broker wins), and opens
-    /// no channel. Gives the limits agreed with the broker.
+    /// no channel. Gives the limits agreed with the broker, and the `version` the broker
+    /// announced in its server properties.
     pub async fn handshake(
         stream: S,
         uri: &AMQPUri,
         name: &str,
         heartbeat: u16,
-    ) -> Result<(Self, Tuned), BareError> {
+    ) -> Result<(Self, Tuned, Option<String>), BareError> {
         let mut bare = Bare {
             stream,
             frame_max: DEFAULT_FRAME_MAX,
         };
         bare.stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
-        bare.expect(0, |m| {
-            matches!(m, AMQPClass::Connection(connection::AMQPMethod::Start(_)))
-        })
-        .await?;
+        let version = match bare.next_method(0).await? {
+            AMQPClass::Connection(connection::AMQPMethod::Start(start)) => {
+                match start.server_properties.inner().get("version") {
+                    Some(AMQPValue::LongString(version)) => {
+                        Some(String::from_utf8_lossy(version.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                }
+            }
+            other => return Err(BareError::Unexpected(format!("{other:?}"))),
+        };
         let userinfo = &uri.authority.userinfo;
         let mechanism = uri.query.auth_mechanism.unwrap_or_default();
         let response = match mechanism {
@@ -244,7 +252,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
             matches!(m, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_)))
         })
         .await?;
-        Ok((bare, tuned))
+        Ok((bare, tuned, version))
     }
 
     /// The stream, for a connection that takes over after [`Bare::handshake`].

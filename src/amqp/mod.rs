@@ -3,6 +3,7 @@
 //! on which the bridge consumes the work queue and every confirmed publish goes.
 
 pub mod bare;
+pub mod broker_version;
 mod depth;
 pub(crate) mod publisher;
 pub(crate) mod returns;

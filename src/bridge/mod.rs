@@ -471,6 +471,12 @@ impl Bridge {
         let connection = Arc::new(amqp::connect(url, &format!("delay-bridge {prefix}")).await?);
         self.shared.topology.declare(&connection).await?;
         let consuming = amqp::connect_wire(url, &format!("delay-bridge {prefix} consumer")).await?;
+        if let Some(warning) = consuming
+            .broker_version()
+            .and_then(|version| amqp::broker_version::warning(version, config.queue_type))
+        {
+            tracing::warn!("{warning}");
+        }
         let publishing =
             amqp::connect_wire(url, &format!("delay-bridge {prefix} publisher")).await?;
         let alarms = tokio::spawn(log_alarms(publishing.blocked()));

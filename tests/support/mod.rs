@@ -534,7 +534,7 @@ pub async fn wait_for_consumers(world: &World, n: u64, within: Duration) {
 }
 
 /// `rabbitmqctl` for the test broker: `DELAY_BRIDGE_TEST_CTL` (a command and its leading
-/// arguments, for example `bash scripts/broker4.sh ctl`), or plain `rabbitmqctl`.
+/// arguments, for example `bash scripts/debian-broker.sh trixie ctl`), or plain `rabbitmqctl`.
 pub fn rabbitmqctl() -> std::process::Command {
     let line = std::env::var("DELAY_BRIDGE_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
     let mut parts = line.split_whitespace();

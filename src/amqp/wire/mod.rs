@@ -148,6 +148,8 @@ pub(super) struct Inner {
     /// The broker's reason while it blocks publishing (a resource alarm), else `None`.
     blocked: watch::Sender<Option<String>>,
     tuned: Tuned,
+    /// The version the broker announced (`connection.start`'s server properties).
+    broker_version: Option<String>,
     /// When the connection opened, and milliseconds after it that the last frame came.
     opened: Instant,
     heard_at_ms: AtomicU64,
@@ -249,7 +251,7 @@ impl Connection {
     pub async fn open(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
         let (stream, uri) = open_stream(url).await?;
         let heartbeat = u16::try_from(heartbeat.as_secs()).unwrap_or(u16::MAX);
-        let (bare, tuned) = Bare::handshake(stream, &uri, name, heartbeat).await?;
+        let (bare, tuned, broker_version) = Bare::handshake(stream, &uri, name, heartbeat).await?;
         let (reads, writes) = bare.into_stream().split();
         let inner = Arc::new(Inner {
             outbox: Outbox::new(tuned.frame_max),
@@ -261,6 +263,7 @@ impl Connection {
             stop: CancellationToken::new(),
             blocked: watch::Sender::new(None),
             tuned,
+            broker_version,
             opened: Instant::now(),
             heard_at_ms: AtomicU64::new(0),
         });
@@ -350,6 +353,12 @@ impl Connection {
     /// The limits agreed with the broker.
     pub fn tuned(&self) -> Tuned {
         self.inner.tuned
+    }
+
+    /// The version the broker announced when the connection opened (RabbitMQ's `version`
+    /// server property), if any.
+    pub fn broker_version(&self) -> Option<&str> {
+        self.inner.broker_version.as_deref()
     }
 
     /// Closes the connection: the broker gives back what it delivered and was not acked,

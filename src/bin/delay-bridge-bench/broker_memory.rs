@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use tokio::process::Command;
 
 /// How to run `rabbitmqctl`: a command and its leading arguments, for example
-/// `rabbitmqctl` or `bash scripts/broker4.sh ctl`.
+/// `rabbitmqctl` or `bash scripts/debian-broker.sh trixie ctl`.
 #[derive(Debug, Clone)]
 pub struct Ctl(Vec<String>);
 

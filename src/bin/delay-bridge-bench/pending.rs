@@ -42,7 +42,7 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     body_size: usize,
     /// How to run rabbitmqctl against the broker under test (for example
-    /// "bash scripts/broker4.sh ctl").
+    /// "bash scripts/debian-broker.sh trixie ctl").
     #[arg(long, env = "DELAY_BRIDGE_CTL", default_value = "rabbitmqctl")]
     ctl: String,
     #[command(flatten)]

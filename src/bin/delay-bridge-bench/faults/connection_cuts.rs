@@ -27,7 +27,7 @@ pub struct Args {
     /// Keep cutting for this long from the first publish.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     cut_for: Duration,
-    /// How to run rabbitmqctl against the broker (for example `bash scripts/broker4.sh ctl`).
+    /// How to run rabbitmqctl against the broker (for example `bash scripts/debian-broker.sh trixie ctl`).
     #[arg(long, env = "DELAY_BRIDGE_CTL", default_value = "rabbitmqctl")]
     ctl: String,
 }

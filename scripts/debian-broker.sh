@@ -1,33 +1,52 @@
 #!/usr/bin/env bash
-# A RabbitMQ 4.x broker beside the default one, for testing delay-bridge on both.
+# A RabbitMQ broker from a Debian suite, beside the default one (the host's package), for
+# testing delay-bridge on several broker versions. SUITE picks the version and the ports:
 #
-#   scripts/broker4.sh start    start it (installing on first use), wait until it answers
-#   scripts/broker4.sh stop     stop it and unmount what start mounted
-#   scripts/broker4.sh status   say whether it answers
-#   scripts/broker4.sh ctl ...  run rabbitmqctl against it (for example: ctl list_queues)
-#   scripts/broker4.sh start-tls DIR   a second node, rabbit4tls@localhost, alone, with an
-#                               AMQPS listener on 127.0.0.1:5696 that requires a client
-#                               certificate, from DIR/ca.pem, DIR/server.pem, DIR/server.key
-#                               (copied into the chroot; restarted when it runs)
-#   scripts/broker4.sh stop-tls stop that node
+#   trixie   RabbitMQ 4.0.x (Erlang 27): node rabbit4@localhost, AMQP 127.0.0.1:5673,
+#            distribution 25673, epmd 4370, management 15673, TLS node on 5696
+#   sid      RabbitMQ 4.3.x (Erlang 29): node rabbit43@localhost, AMQP 127.0.0.1:5674,
+#            distribution 25674, epmd 4371, management 15674, TLS node on 5697
+#   other    any suite debootstrap knows, with RMQ_PORT, RMQ_DIST_PORT, RMQ_EPMD_PORT,
+#            RMQ_MANAGEMENT_PORT, RMQ_TLS_PORT and RMQ_NODE set
 #
-# It is Debian trixie's rabbitmq-server (4.0.x, Erlang 27) in a debootstrap chroot, so the
-# host's packages are untouched. Node rabbit4@localhost, AMQP 127.0.0.1:${RMQ4_PORT:-5673},
-# distribution port 25673, epmd port 4370, management API 127.0.0.1:15673; guest/guest
-# works from loopback. Installing
-# needs root, the Debian mirror apt already uses, ~40 s and ~330 MB. Idempotent.
+#   scripts/debian-broker.sh SUITE start    start it (installing on first use), wait until it answers
+#   scripts/debian-broker.sh SUITE stop     stop it and unmount what start mounted
+#   scripts/debian-broker.sh SUITE status   say whether it answers
+#   scripts/debian-broker.sh SUITE ctl ...  run rabbitmqctl against it (for example: ctl list_queues)
+#   scripts/debian-broker.sh SUITE start-tls DIR   a second node, <node>tls@localhost, alone,
+#                               with an AMQPS listener on the suite's TLS port that requires a
+#                               client certificate, from DIR/ca.pem, DIR/server.pem,
+#                               DIR/server.key (copied into the chroot; restarted when it runs)
+#   scripts/debian-broker.sh SUITE stop-tls stop that node
+#
+# It is the suite's rabbitmq-server in a debootstrap chroot under /var/lib/delay-bridge, so
+# the host's packages are untouched; guest/guest works from loopback. Installing needs
+# root, the Debian mirror apt already uses, about a minute and ~330 MB. A suite whose
+# Release file expires within days (sid) installs with apt's Check-Valid-Until off.
+# Idempotent.
 set -euo pipefail
 
-root=${RMQ4_ROOT:-/var/lib/delay-bridge/rabbitmq-4-trixie}
-port=${RMQ4_PORT:-5673}
-dist_port=${RMQ4_DIST_PORT:-25673}
-epmd_port=${RMQ4_EPMD_PORT:-4370}
-management_port=${RMQ4_MANAGEMENT_PORT:-15673}
-node=rabbit4@localhost
-suite=trixie
+suite=${1:?usage: $0 SUITE start|stop|status|ctl ARGS...|start-tls DIR|stop-tls}
+shift
+case "$suite" in
+  trixie) defaults=(5673 25673 4370 15673 5696 rabbit4 rabbitmq-4-trixie) ;;
+  sid) defaults=(5674 25674 4371 15674 5697 rabbit43 rabbitmq-sid) ;;
+  *) defaults=("" "" "" "" "" "" "rabbitmq-$suite") ;;
+esac
+port=${RMQ_PORT:-${defaults[0]}}
+dist_port=${RMQ_DIST_PORT:-${defaults[1]}}
+epmd_port=${RMQ_EPMD_PORT:-${defaults[2]}}
+management_port=${RMQ_MANAGEMENT_PORT:-${defaults[3]}}
+tls_port=${RMQ_TLS_PORT:-${defaults[4]}}
+node_name=${RMQ_NODE:-${defaults[5]}}
+root=${RMQ_ROOT:-/var/lib/delay-bridge/${defaults[6]}}
+for required in port dist_port epmd_port management_port tls_port node_name; do
+  [ -n "${!required}" ] || { echo "debian-broker.sh: suite $suite has no default ports; set RMQ_PORT, RMQ_DIST_PORT, RMQ_EPMD_PORT, RMQ_MANAGEMENT_PORT, RMQ_TLS_PORT and RMQ_NODE" >&2; exit 2; }
+done
+node=$node_name@localhost
 deadline_s=${BROKER_WAIT_SECONDS:-120}
 
-say() { echo "broker4.sh: $*"; }
+say() { echo "debian-broker.sh $suite: $*"; }
 here=$(cd "$(dirname "$0")" && pwd)
 
 answers() { AMQP_PORT=$port "$here/broker.sh" --probe >/dev/null 2>&1; }
@@ -65,7 +84,7 @@ mirror() {
 
 install() {
   if [ "$(id -u)" -ne 0 ]; then
-    say "installing RabbitMQ 4 needs root (debootstrap, chroot, mount)"; exit 1
+    say "installing needs root (debootstrap, chroot, mount)"; exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   if ! command -v debootstrap >/dev/null 2>&1; then
@@ -74,13 +93,15 @@ install() {
   fi
   local started=$SECONDS m
   m=$(mirror)
-  say "installing Debian $suite's rabbitmq-server into $root (mirror $m); about 40 s"
+  say "installing Debian $suite's rabbitmq-server into $root (mirror $m); about a minute"
   mkdir -p "$root"
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     debootstrap --variant=minbase "$suite" "$root" "$m" >"$root.debootstrap.log" 2>&1 \
       || { tail -n 20 "$root.debootstrap.log"; say "debootstrap failed (log: $root.debootstrap.log)"; exit 1; }
   fi
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+  # sid's Release file expires within days of its date.
+  echo 'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99delay-bridge-valid-until"
   chmod +x "$root/usr/sbin/policy-rc.d"
   cp /etc/hosts "$root/etc/hosts"
   mount_all
@@ -98,7 +119,7 @@ install() {
 }
 
 configure() {
-  # The management API on 127.0.0.1:15673 (3.x has 15672).
+  # The management API on its own port (the host's 3.x has 15672).
   echo '[rabbitmq_management].' >"$root/etc/rabbitmq/enabled_plugins"
   printf 'management.tcp.port = %s\nmanagement.tcp.ip = 127.0.0.1\n' "$management_port" \
     >"$root/etc/rabbitmq/rabbitmq.conf"
@@ -128,9 +149,9 @@ await_node() {
 }
 
 start() {
-  if answers; then say "RabbitMQ 4 already answers on 127.0.0.1:$port"; return 0; fi
+  if answers; then say "already answers on 127.0.0.1:$port"; return 0; fi
   [ -x "$root/usr/sbin/rabbitmq-server" ] || install
-  if [ "$(id -u)" -ne 0 ]; then say "starting RabbitMQ 4 needs root (chroot)"; exit 1; fi
+  if [ "$(id -u)" -ne 0 ]; then say "starting needs root (chroot)"; exit 1; fi
   configure
   mount_all
   local started=$SECONDS
@@ -142,7 +163,7 @@ start() {
     (( waited++ < deadline_s )) || { say "no AMQP on 127.0.0.1:$port"; exit 1; }
     sleep 1
   done
-  say "RabbitMQ $(ctl version 2>/dev/null || echo 4) is up on 127.0.0.1:$port (node $node) in $((SECONDS - started)) s"
+  say "RabbitMQ $(ctl version 2>/dev/null || echo "($suite)") is up on 127.0.0.1:$port (node $node) in $((SECONDS - started)) s"
 }
 
 # PIDs of the processes running inside the chroot (the broker, its epmd).
@@ -166,14 +187,14 @@ stop() {
     sleep 1
   done
   umount_all
-  say "RabbitMQ 4 stopped"
+  say "stopped"
 }
 
 # The TLS node: its own name, ports, data, config and plugins inside the chroot.
-tls_node=rabbit4tls@localhost
+tls_node=${node_name}tls@localhost
 in_tls_root() {
   in_root RABBITMQ_NODENAME="$tls_node" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
-    RABBITMQ_NODE_PORT=5676 RABBITMQ_DIST_PORT=25676 \
+    RABBITMQ_NODE_PORT=$((port + 3)) RABBITMQ_DIST_PORT=$((dist_port + 3)) \
     RABBITMQ_MNESIA_BASE=/var/lib/rabbitmq/tls-node RABBITMQ_LOG_BASE=/var/log/rabbitmq/tls-node \
     RABBITMQ_CONFIG_FILE=/etc/rabbitmq/tls-node/rabbitmq.conf \
     RABBITMQ_ENABLED_PLUGINS_FILE=/etc/rabbitmq/tls-node/enabled_plugins \
@@ -191,11 +212,11 @@ start_tls() {
   chmod 644 "$conf"/*.pem "$conf/server.key"
   : >"$conf/rabbitmq-env.conf"
   echo '[].' >"$conf/enabled_plugins"
-  printf 'listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:5696\nssl_options.cacertfile = /etc/rabbitmq/tls-node/ca.pem\nssl_options.certfile = /etc/rabbitmq/tls-node/server.pem\nssl_options.keyfile = /etc/rabbitmq/tls-node/server.key\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n' >"$conf/rabbitmq.conf"
+  printf 'listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:%s\nssl_options.cacertfile = /etc/rabbitmq/tls-node/ca.pem\nssl_options.certfile = /etc/rabbitmq/tls-node/server.pem\nssl_options.keyfile = /etc/rabbitmq/tls-node/server.key\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n' "$tls_port" >"$conf/rabbitmq.conf"
   chown -R rabbitmq:rabbitmq "$root/var/lib/rabbitmq/tls-node" "$root/var/log/rabbitmq/tls-node" 2>/dev/null || true
   in_tls_root rabbitmq-server -detached >/dev/null 2>&1 || true
   await_node "$tls_node" "$started" /var/log/rabbitmq/tls-node
-  say "TLS node $tls_node up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:5696/%2f (client certificate required)"
+  say "TLS node $tls_node up in $((SECONDS - started)) s: amqps://guest:guest@127.0.0.1:$tls_port/%2f (client certificate required)"
 }
 
 case "${1:-start}" in
@@ -203,7 +224,7 @@ case "${1:-start}" in
   stop) stop ;;
   status) if answers; then say "answers on 127.0.0.1:$port"; else say "not running"; exit 1; fi ;;
   ctl) shift; ctl "$@" ;;
-  start-tls) start_tls "$(cd "${2:?usage: broker4.sh start-tls DIR}" && pwd)" ;;
+  start-tls) start_tls "$(cd "${2:?usage: debian-broker.sh SUITE start-tls DIR}" && pwd)" ;;
   stop-tls) in_root rabbitmqctl -q -n "$tls_node" stop >/dev/null 2>&1 || true; say "TLS node stopped" ;;
-  *) echo "usage: $0 start|stop|status|ctl ARGS...|start-tls DIR|stop-tls" >&2; exit 2 ;;
+  *) echo "usage: $0 SUITE start|stop|status|ctl ARGS...|start-tls DIR|stop-tls" >&2; exit 2 ;;
 esac
