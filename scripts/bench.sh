@@ -9,7 +9,8 @@
 #   bash scripts/bench.sh                      # every scenario, both brokers, 3 runs each
 #   bash scripts/bench.sh steady capacity      # some scenarios
 #   BENCH_RUNS=1 bash scripts/bench.sh burst   # another number of runs
-#   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672) or 4 (5673)
+#   BENCH_BROKERS=3 bash scripts/bench.sh      # one broker: 3 (5672), 4 (4.0, 5673) or 43
+#                                      # (4.3, 5674); the default is 3 and 4
 #   BENCH_BUNDLE_WINDOW=200ms bash scripts/bench.sh steady   # another hop window (the
 #                                      # default config bundles in 100-ms windows); reports go
 #                                      # to target/bench/<version>/bundles-200ms/
@@ -17,6 +18,8 @@
 #                                      # they were the default); reports go to .../no-bundles/
 #   BENCH_BROKERS=3 bash scripts/bench.sh plugin   # the archived delayed-message plugin beside
 #                                      # the bridge (installed for the broker and enabled first)
+#   BENCH_BROKERS=3 bash scripts/bench.sh plugin-move   # moving an exchange off the plugin onto
+#                                      # the bridge (README, Moving off the plugin): counts
 #   BENCH_RUNS=3 bash scripts/bench.sh mixed       # the 30-minute soak, 3 runs (not in the
 #                                      # default list: 90 minutes per broker)
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
@@ -54,8 +57,10 @@ for broker in $brokers; do
     3) bash scripts/broker.sh; url="amqp://guest:guest@127.0.0.1:5672/%2f"
        version=$(rabbitmqctl version 2>/dev/null || echo 3.x) ;;
     4) bash scripts/debian-broker.sh trixie start; url="amqp://guest:guest@127.0.0.1:5673/%2f"
-       version=$(bash scripts/debian-broker.sh trixie ctl version 2>/dev/null || echo 4.x) ;;
-    *) echo "bench.sh: BENCH_BROKERS takes 3 and/or 4, not $broker" >&2; exit 2 ;;
+       version=$(bash scripts/debian-broker.sh trixie ctl version 2>/dev/null || echo 4.0) ;;
+    43) bash scripts/debian-broker.sh sid start; url="amqp://guest:guest@127.0.0.1:5674/%2f"
+       version=$(bash scripts/debian-broker.sh sid ctl version 2>/dev/null || echo 4.3) ;;
+    *) echo "bench.sh: BENCH_BROKERS takes 3, 4 and/or 43, not $broker" >&2; exit 2 ;;
   esac
   out=target/bench/$version${label:+/$label}
   mkdir -p "$out"

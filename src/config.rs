@@ -370,16 +370,57 @@ pub struct RawRoute {
     pub ingress: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// `fanout` (the default) or `headers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress_type: Option<String>,
 }
 
 /// Where a route takes messages: publishers publish to `ingress`, the bridge delivers to
 /// `target` (the allow-list of exchanges the bridge publishes to on a publisher's behalf).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// The fanout exchange publishers send delayed messages to (declared by the bridge).
+    /// The exchange publishers send delayed messages to (declared by the bridge, of
+    /// `ingress_kind`).
     pub ingress: String,
     /// The exchange due messages are published to, with their original routing key.
     pub target: String,
+    /// The ingress exchange's type.
+    pub ingress_kind: IngressKind,
+}
+
+impl Route {
+    /// A route from a fanout `ingress` to `target`.
+    pub fn new(ingress: impl Into<String>, target: impl Into<String>) -> Self {
+        Self {
+            ingress: ingress.into(),
+            target: target.into(),
+            ingress_kind: IngressKind::Fanout,
+        }
+    }
+}
+
+/// The type of a route's ingress exchange (`route.ingress_type`). The work queue is bound
+/// to it with the empty routing key and no arguments, which either type routes every
+/// message by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IngressKind {
+    /// A fanout exchange (the default).
+    #[default]
+    Fanout,
+    /// A headers exchange: other bindings on it can take only the messages that carry
+    /// given headers, or (by routing key) what the delayed-message plugin still holds for an
+    /// exchange of that name (README, "Moving off the delayed-message plugin").
+    Headers,
+}
+
+impl IngressKind {
+    /// The name the config and RabbitMQ use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fanout => "fanout",
+            Self::Headers => "headers",
+        }
+    }
 }
 
 /// Classic or quorum level and work queues.
@@ -1007,7 +1048,22 @@ impl RawConfig {
                     "two routes share this ingress exchange",
                 ));
             }
-            routes.push(Route { ingress, target });
+            let ingress_kind = match raw.ingress_type.as_deref() {
+                None | Some("fanout") => IngressKind::Fanout,
+                Some("headers") => IngressKind::Headers,
+                Some(other) => {
+                    return Err(invalid(
+                        &format!("route[{i}].ingress_type"),
+                        other,
+                        "`fanout` or `headers`",
+                    ));
+                }
+            };
+            routes.push(Route {
+                ingress,
+                target,
+                ingress_kind,
+            });
         }
         let management = self.management.validate()?;
         let metrics = self.metrics.validate()?;
@@ -1201,6 +1257,8 @@ impl Config {
                 .map(|r| RawRoute {
                     ingress: Some(r.ingress.clone()),
                     target: Some(r.target.clone()),
+                    ingress_type: (r.ingress_kind != IngressKind::Fanout)
+                        .then(|| r.ingress_kind.as_str().to_string()),
                 })
                 .collect(),
         }
@@ -1314,13 +1372,7 @@ mod tests {
         assert_eq!(c.prefetch, 4000);
         assert_eq!(c.worker_threads, 2);
         assert_eq!(c.cancel_grace, Duration::from_secs(86_400));
-        assert_eq!(
-            c.routes,
-            vec![Route {
-                ingress: "orders.delayed".into(),
-                target: "orders".into()
-            }]
-        );
+        assert_eq!(c.routes, vec![Route::new("orders.delayed", "orders")]);
     }
 
     #[test]
@@ -1504,6 +1556,28 @@ mod tests {
         assert!(err.contains("route[0].target"), "{err}");
         let err = parse("").unwrap_err().to_string();
         assert!(err.contains("[[route]]"), "{err}");
+    }
+
+    #[test]
+    fn a_route_takes_a_fanout_or_a_headers_ingress_and_nothing_else() {
+        assert_eq!(
+            parse(MINIMAL).unwrap().routes[0].ingress_kind,
+            IngressKind::Fanout
+        );
+        let headers = parse(&format!("{MINIMAL}ingress_type = \"headers\"\n")).unwrap();
+        assert_eq!(headers.routes[0].ingress_kind, IngressKind::Headers);
+        assert_eq!(
+            headers.to_raw().validate().unwrap().routes,
+            headers.routes,
+            "written back as read"
+        );
+        let err = parse(&format!("{MINIMAL}ingress_type = \"topic\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("route[0].ingress_type") && err.contains("`fanout` or `headers`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
 use thiserror::Error;
 
-use crate::config::{Config, QueueType};
+use crate::config::{Config, IngressKind, QueueType};
 
 /// RabbitMQ's default delivery limit for quorum queues on 4.x is 20; the work queue sets its
 /// own and dead-letters past it into the parked exchange. The bridge parks a delivery with a
@@ -40,8 +40,11 @@ pub struct QueueSpec {
 /// What the bridge declares, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
-    /// Fanout exchanges the bridge owns (work, parked, ingress), in declaration order.
+    /// Exchanges the bridge owns (work, parked, ingress), in declaration order; fanout but
+    /// for those in `headers_exchanges`.
     pub exchanges: Vec<String>,
+    /// The ingress exchanges of type `headers` (`route.ingress_type`).
+    pub headers_exchanges: Vec<String>,
     /// Queues in declaration order: work, parked, returns, then the levels.
     pub queues: Vec<QueueSpec>,
     /// The cancel stream (a stream queue, retention `max_delay + cancel.grace`).
@@ -158,6 +161,12 @@ impl Topology {
         let quorum = config.queue_type == QueueType::Quorum;
         let mut exchanges = vec![names.work_exchange(), names.parked_exchange()];
         exchanges.extend(config.routes.iter().map(|r| r.ingress.clone()));
+        let headers_exchanges = config
+            .routes
+            .iter()
+            .filter(|r| r.ingress_kind == IngressKind::Headers)
+            .map(|r| r.ingress.clone())
+            .collect();
 
         let replicated = |args: &mut Vec<(&'static str, AMQPValue)>| {
             args.push(("x-queue-type", text("quorum")));
@@ -246,6 +255,7 @@ impl Topology {
         };
         Self {
             exchanges,
+            headers_exchanges,
             queues,
             cancel_stream,
             bindings,
@@ -262,12 +272,17 @@ impl Topology {
     pub async fn declare(&self, connection: &Connection) -> Result<(), TopologyError> {
         let mut channel = open(connection, "channel", "declare").await?;
         let (work_exchange, rest) = self.exchanges.split_first().expect("work exchange");
-        declare_exchange(&channel, work_exchange).await?;
+        declare_exchange(&channel, work_exchange, ExchangeKind::Fanout).await?;
         for queue in &self.queues[..BOUND_QUEUES] {
             declare_queue(connection, &mut channel, queue).await?;
         }
         for exchange in rest {
-            declare_exchange(&channel, exchange).await?;
+            let kind = if self.headers_exchanges.contains(exchange) {
+                ExchangeKind::Headers
+            } else {
+                ExchangeKind::Fanout
+            };
+            declare_exchange(&channel, exchange, kind).await?;
         }
         for (queue, exchange) in &self.bindings {
             bind(&channel, queue, exchange).await?;
@@ -335,11 +350,15 @@ fn classify(kind: &'static str, name: &str, source: lapin::Error) -> TopologyErr
     }
 }
 
-async fn declare_exchange(channel: &Channel, name: &str) -> Result<(), TopologyError> {
+async fn declare_exchange(
+    channel: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+) -> Result<(), TopologyError> {
     channel
         .exchange_declare(
             ShortString::from(name),
-            ExchangeKind::Fanout,
+            kind,
             ExchangeDeclareOptions {
                 durable: true,
                 ..ExchangeDeclareOptions::default()

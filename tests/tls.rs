@@ -213,6 +213,7 @@ fn raw(url: &str, tls: RawTls) -> RawConfig {
         routes: vec![RawRoute {
             ingress: Some("tls.in".into()),
             target: Some("tls.out".into()),
+            ingress_type: None,
         }],
         tls,
         ..RawConfig::default()

@@ -5,10 +5,7 @@ const NOW: u64 = 1_800_000_000_000;
 const WORK: &str = "t.work";
 
 fn routes() -> Vec<Route> {
-    vec![Route {
-        ingress: "in".into(),
-        target: "out".into(),
-    }]
+    vec![Route::new("in", "out")]
 }
 
 fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {

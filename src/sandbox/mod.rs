@@ -111,6 +111,7 @@ pub fn base_config(url: Option<&str>) -> Result<Config, ConfigError> {
         routes: vec![RawRoute {
             ingress: Some("sandbox.in".into()),
             target: Some("sandbox.out".into()),
+            ingress_type: None,
         }],
         ..RawConfig::default()
     }
@@ -226,10 +227,7 @@ impl Sandbox {
         let ingress = format!("{prefix}.in");
         let target = format!("{prefix}.out");
         let target_queue = format!("{prefix}.out.q");
-        config.routes = vec![Route {
-            ingress: ingress.clone(),
-            target: target.clone(),
-        }];
+        config.routes = vec![Route::new(ingress.clone(), target.clone())];
         let conn = Arc::new(amqp::connect(config.url(), stem).await?);
         let sandbox = Self {
             config,

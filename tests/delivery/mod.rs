@@ -413,3 +413,75 @@ async fn the_default_configuration_bundles_and_delivers_on_time() {
     w.assert_quiet(Duration::from_millis(500)).await;
     w.cleanup().await;
 }
+
+/// A route whose ingress is a `headers` exchange (`ingress_type = "headers"`, as the
+/// README's move off the delayed-message plugin declares it): every message published to
+/// it reaches the bridge and is delivered once when due, and a binding on the ingress that
+/// asks for a header (the move's binding to the target, for what the plugin still holds)
+/// takes none of them.
+#[tokio::test]
+async fn a_headers_ingress_takes_every_message_and_a_header_binding_none() {
+    let mut w = World::without_bridge("headers-ingress").await;
+    let ingress = format!("{}.h-in", w.prefix());
+    let target = format!("{}.h-out", w.prefix());
+    let queue = format!("{target}.q");
+    w.declare_extra_exchange(&target, lapin::ExchangeKind::Direct)
+        .await;
+    w.declare_bound_queue(&queue, &target, "orders.close").await;
+    w.add_route(delay_bridge::config::Route {
+        ingress_kind: delay_bridge::config::IngressKind::Headers,
+        ..delay_bridge::config::Route::new(ingress.clone(), target.clone())
+    })
+    .await
+    .unwrap();
+    let channel = w.sandbox.channel().await.unwrap();
+    let mut drain_only = FieldTable::default();
+    drain_only.insert("x-match".into(), text("all"));
+    drain_only.insert("delay-bridge-plugin-drain".into(), text("yes"));
+    channel
+        .exchange_bind(
+            target.as_str().into(),
+            ingress.as_str().into(),
+            "orders.close".into(),
+            lapin::options::ExchangeBindOptions::default(),
+            drain_only,
+        )
+        .await
+        .unwrap();
+    w.start_bridge().await;
+    let sent = publish_to(
+        &w.publisher,
+        &ingress,
+        "orders.close",
+        b"close",
+        with_delay(800),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + 10 * SEC;
+    while w.queue_depth(&queue).await < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing delivered within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let arrived = delay_bridge::clock::now_ms();
+    assert!(
+        arrived >= sent + 800,
+        "delivered when due, not at once through the header binding: after {} ms",
+        arrived - sent
+    );
+    let got = channel
+        .basic_get(
+            queue.as_str().into(),
+            lapin::options::BasicGetOptions::default(),
+        )
+        .await
+        .unwrap()
+        .expect("the delivered message");
+    assert_eq!(got.delivery.data, b"close");
+    // Once: nothing else comes.
+    w.assert_quiet(Duration::from_millis(500)).await;
+    assert_eq!(w.queue_depth(&queue).await, 0, "delivered once");
+    w.cleanup().await;
+}

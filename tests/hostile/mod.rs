@@ -27,12 +27,9 @@ async fn a_header_nested_18_000_levels_deep_neither_crashes_the_bridge_nor_is_lo
     let deep_queue = format!("{deep_out}.q");
     w.declare_extra_exchange(&deep_out, ExchangeKind::Fanout)
         .await;
-    w.add_route(Route {
-        ingress: deep_in.clone(),
-        target: deep_out.clone(),
-    })
-    .await
-    .unwrap();
+    w.add_route(Route::new(deep_in.clone(), deep_out.clone()))
+        .await
+        .unwrap();
     w.declare_bound_queue(&deep_queue, &deep_out, "").await;
     let config = w.config_file(100);
     let mut bridge = spawn_process(&config);

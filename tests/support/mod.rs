@@ -190,6 +190,7 @@ pub fn raw_config(
             .map(|(ingress, target)| RawRoute {
                 ingress: Some(ingress.clone()),
                 target: Some(target.clone()),
+                ingress_type: None,
             })
             .collect(),
     }
@@ -215,10 +216,7 @@ impl World {
         .await
         .expect("the test's topology is declared");
         for (ingress, target) in &setup.extra_routes {
-            let route = Route {
-                ingress: ingress.clone(),
-                target: target.clone(),
-            };
+            let route = Route::new(ingress.clone(), target.clone());
             sandbox.add_route(route).await.expect("route added");
         }
         let received = delay_bridge::sandbox::watch_queue(&sandbox.conn, &sandbox.target_queue)

@@ -29,6 +29,7 @@ mod measured_bridge;
 mod mixed;
 mod pending;
 mod plugin;
+mod plugin_move;
 mod process_usage;
 mod spread;
 mod steady;
@@ -112,6 +113,10 @@ pub enum Scenario {
     /// `steady` and `burst` measure the bridge: lateness and the broker's CPU per message
     /// at a steady rate, then a burst's drain rate.
     Plugin(plugin::Args),
+    /// Moving a delayed exchange off the plugin (when enabled on the broker) onto the
+    /// bridge, as the README's procedure says: published before and after the move,
+    /// delivered, doubled and lost.
+    PluginMove(plugin_move::Args),
     /// Many long-delay messages pending in the levels: broker memory per pending message
     /// and the bridge's RSS as the count grows.
     Pending(pending::Args),
@@ -159,6 +164,7 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::Pending(args) => pending::run(base, args).await,
         Scenario::Mixed(args) => mixed::run(base, args).await,
         Scenario::Plugin(args) => plugin::run(base, args).await,
+        Scenario::PluginMove(args) => plugin_move::run(base, args).await,
         Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
