@@ -127,6 +127,9 @@ struct Attempt<'a> {
     routing_key: ShortString,
     body: &'a [u8],
     properties: lapin::BasicProperties,
+    /// For a message of a bundle on its way to its target: the lane whose turn each attempt
+    /// waits for (see `bridge::turns`; not held while it backs off).
+    lane: Option<&'a Lane>,
 }
 
 /// How the broker settled a publish.
@@ -391,16 +394,8 @@ impl Carrier {
                     }
                 }
                 Step::Deliver => {
-                    // The messages of a bundle take turns with other bundles', so that one
-                    // due now need not wait behind every message of a burst.
-                    let _turn = match lane {
-                        Some(lane) => tokio::select! {
-                            turn = lane.turn() => Some(turn),
-                            _ = self.stop.cancelled() => return Outcome::Release,
-                        },
-                        None => None,
-                    };
-                    return Box::pin(self.deliver(*tag, body, envelope, *read_at)).await;
+                    return Box::pin(self.deliver(*tag, body, envelope, *read_at, lane.as_ref()))
+                        .await;
                 }
             }
         }
@@ -555,6 +550,7 @@ impl Carrier {
             routing_key: ShortString::from(queue.as_str()),
             body,
             properties: hop_properties(envelope),
+            lane: None,
         };
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
@@ -597,6 +593,7 @@ impl Carrier {
             routing_key: routing_key.clone(),
             body,
             properties,
+            lane: None,
         };
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
@@ -634,7 +631,14 @@ impl Carrier {
         }
     }
 
-    async fn deliver(&self, tag: Tag, body: &[u8], envelope: &Envelope, read_at: u64) -> Outcome {
+    async fn deliver(
+        &self,
+        tag: Tag,
+        body: &[u8],
+        envelope: &Envelope,
+        read_at: u64,
+        lane: Option<&Lane>,
+    ) -> Outcome {
         let attempt = Attempt {
             tag,
             destination: Destination::Target(&envelope.target),
@@ -642,6 +646,7 @@ impl Carrier {
             routing_key: envelope.routing_key.clone(),
             body,
             properties: delivery_properties(envelope, &self.shared.bridge_user),
+            lane,
         };
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
@@ -718,6 +723,16 @@ impl Carrier {
             let verdict = match self.remembered_refusal(&attempt, alone) {
                 Some(remembered) => remembered,
                 None => {
+                    // The messages of a bundle take turns with other bundles', so that one
+                    // due now need not wait behind every message of a burst; the turn
+                    // ends with the attempt, so a backoff holds none.
+                    let _turn = match attempt.lane {
+                        Some(lane) => tokio::select! {
+                            turn = lane.turn() => Some(turn),
+                            _ = self.stop.cancelled() => return Settled::Release,
+                        },
+                        None => None,
+                    };
                     let answer = self.publish_once(&attempt, alone).await;
                     if let Destination::Target(target) = attempt.destination {
                         self.note_answer(target, &answer);

@@ -253,3 +253,74 @@ async fn a_burst_to_a_missing_target_parks_every_message_target_missing_on_one_s
     w.assert_quiet(Duration::from_millis(500)).await;
     w.cleanup().await;
 }
+
+/// A bundling bridge with 300 messages due at one instant for a full target (nacked, retried
+/// until `bridge.target_full_timeout`, 5 s here): a message due just after them for another
+/// target is delivered while they are still retried. The messages of bundles publish in
+/// turns (`bridge::turns`), and a message backing off holds none. (Before, each held its
+/// turn through its backoffs: the 128 turns stayed with the full target until its messages
+/// were parked, and the other target's message waited for that.)
+#[tokio::test]
+async fn a_full_target_backing_off_holds_no_turn_from_other_targets() {
+    const FULL: usize = 300;
+    let other = format!("turns-{:08x}", rand::random::<u32>());
+    let (ingress, full) = (format!("{other}.in"), format!("{other}.full"));
+    let mut w = World::start(Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(100)),
+        bundle_hops: Some(true),
+        extra_routes: vec![(ingress.clone(), full.clone())],
+        target_full_timeout: Some(5 * SEC),
+        ..Setup::new("turns-full")
+    })
+    .await;
+    let queue = format!("{full}.q");
+    w.declare_extra_exchange(&full, ExchangeKind::Direct).await;
+    let ch = w.conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    w.adopt_queue(&queue);
+    ch.queue_bind(
+        queue.as_str().into(),
+        full.as_str().into(),
+        "rk.full".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let due = delay_bridge::clock::now_ms() + 2_500;
+    let at = |ms: u64| {
+        lapin::BasicProperties::default().with_headers(headers(vec![(
+            "x-deliver-at",
+            AMQPValue::LongLongInt(ms as i64),
+        )]))
+    };
+    for _ in 0..FULL {
+        publish_to(&w.publisher, &ingress, "rk.full", b"full", at(due)).await;
+    }
+    w.publish("rk.ok", b"ok", at(due + 300)).await;
+    let delivered = w.recv_within(15 * SEC).await;
+    assert_eq!(delivered.body, b"ok");
+    let snapshot = w.stats().snapshot();
+    assert_eq!(
+        snapshot.parked, 0,
+        "delivered while the full target's messages were still retried: {snapshot:?}"
+    );
+    assert!(snapshot.nacks > 0, "the full target nacked: {snapshot:?}");
+    let mut parked = 0;
+    while parked < FULL {
+        let m = w.parked_within(30 * SEC).await;
+        assert_eq!(reason(&m), Some(&text("target-full")));
+        parked += 1;
+    }
+    w.cleanup().await;
+}

@@ -196,6 +196,7 @@ impl Carrier {
             routing_key: ShortString::from(queue),
             body: &body,
             properties: bundle::bundle_properties(messages.len()),
+            lane: None,
         };
         let answer = match self.publish_until_settled(attempt).await {
             Settled::Routed => {
@@ -352,6 +353,7 @@ impl Carrier {
             routing_key: bundle.routing_key.clone(),
             body: &body,
             properties: bundle::bundle_properties(members.len()),
+            lane: None,
         };
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
