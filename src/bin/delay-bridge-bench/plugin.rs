@@ -138,26 +138,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 /// Declares the delayed exchange (type `x-delayed-message`, routing as `direct`) and a
 /// durable queue bound to it, both named `name`.
 async fn declare(channel: &Channel, name: &str) -> Result<()> {
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-delayed-type".into(),
-        AMQPValue::LongString("direct".into()),
-    );
-    channel
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Custom("x-delayed-message".into()),
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
-        )
-        .await
-        .context(
-            "declaring an x-delayed-message exchange: is the plugin installed for this \
-             broker and enabled? (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)",
-        )?;
+    declare_delayed(channel, name).await?;
     channel
         .queue_declare(
             name.into(),
@@ -180,6 +161,32 @@ async fn declare(channel: &Channel, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Declares `name` as the plugin's exchange (type `x-delayed-message`, routing as
+/// `direct`), durable.
+pub(super) async fn declare_delayed(channel: &Channel, name: &str) -> Result<()> {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-delayed-type".into(),
+        AMQPValue::LongString("direct".into()),
+    );
+    channel
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Custom("x-delayed-message".into()),
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .context(
+            "declaring an x-delayed-message exchange: is the plugin installed for this \
+             broker and enabled? (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)",
+        )?;
+    Ok(())
+}
+
 /// What the plugin did.
 struct Measured {
     steady: super::load::Arrivals,
@@ -188,14 +195,20 @@ struct Measured {
     burst: Option<(f64, u64)>,
 }
 
-/// A persistent message through the delayed exchange `exchange`, delayed by `delay_ms`
+/// A persistent message with routing key `key` into `exchange`, delayed by `delay_ms`
 /// (`x-delay`), stamped with its due time.
-fn delayed(exchange: &str, seq: u64, delay_ms: u64, body_size: usize) -> Outgoing {
+pub(super) fn delayed(
+    exchange: &str,
+    key: &str,
+    seq: u64,
+    delay_ms: u64,
+    body_size: usize,
+) -> Outgoing {
     let mut headers = FieldTable::default();
     headers.insert("x-delay".into(), AMQPValue::LongLongInt(delay_ms as i64));
     Outgoing {
         exchange: exchange.into(),
-        routing_key: KEY.into(),
+        routing_key: key.into(),
         body: body(seq, (now_ms() + delay_ms) * 1000, body_size),
         properties: BasicProperties::default()
             .with_delivery_mode(2)
@@ -220,6 +233,7 @@ async fn measure(
     publish(&channel, count, Some(args.rate), |seq| {
         delayed(
             name,
+            KEY,
             seq,
             rand::random_range(min_ms..=max_ms),
             args.shape.body_size,
@@ -241,6 +255,7 @@ async fn measure(
         publish(&channel, args.burst, None, |seq| {
             let mut out = delayed(
                 name,
+                KEY,
                 seq,
                 due.saturating_sub(now_ms()),
                 args.shape.body_size,

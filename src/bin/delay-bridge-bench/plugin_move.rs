@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, ExchangeKind};
+use lapin::{Channel, ExchangeKind};
 use serde_json::json;
 
 use delay_bridge::amqp;
@@ -38,8 +38,9 @@ use delay_bridge::sandbox::{Sandbox, TargetBinding};
 use super::Spread;
 use super::above_zero::above_zero;
 use super::broker_memory::Ctl;
-use super::load::{Collector, Outgoing, body, publish};
+use super::load::{Collector, publish};
 use super::measured_bridge::MeasuredBridge;
+use super::plugin::{declare_delayed, delayed};
 use super::steady::Shape;
 
 /// `bench plugin-move` options.
@@ -152,7 +153,7 @@ async fn measure(
     publish(&channel, args.before, Some(args.rate), |seq| {
         let delay = rand::random_range(min_ms..=max_ms);
         dues.push(now_ms() + delay);
-        delayed(exchange, seq, delay, args.shape.body_size)
+        delayed(exchange, KEY, seq, delay, args.shape.body_size)
     })
     .await?;
 
@@ -209,7 +210,7 @@ async fn measure(
     publish(&channel, args.after, Some(args.rate), |seq| {
         let seq = args.before + seq;
         let delay = rand::random_range(min_ms..=max_ms);
-        delayed(exchange, seq, delay, args.shape.body_size)
+        delayed(exchange, KEY, seq, delay, args.shape.body_size)
     })
     .await?;
     let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
@@ -232,30 +233,6 @@ async fn delete_exchange(channel: &Channel, name: &str) -> Result<()> {
         .with_context(|| format!("deleting exchange {name}"))
 }
 
-/// Declares `name` as the plugin's exchange (type `x-delayed-message`, routing as `direct`).
-async fn declare_delayed(channel: &Channel, name: &str) -> Result<()> {
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-delayed-type".into(),
-        AMQPValue::LongString("direct".into()),
-    );
-    channel
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Custom("x-delayed-message".into()),
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
-        )
-        .await
-        .context(
-            "declaring an x-delayed-message exchange: is the plugin installed for this \
-             broker and enabled? (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)",
-        )
-}
-
 /// Binds `queue` to `exchange` with `key`.
 async fn bind(channel: &Channel, queue: &str, exchange: &str, key: &str) -> Result<()> {
     channel
@@ -268,19 +245,4 @@ async fn bind(channel: &Channel, queue: &str, exchange: &str, key: &str) -> Resu
         )
         .await
         .with_context(|| format!("binding {queue} to {exchange} with `{key}`"))
-}
-
-/// A persistent message into `exchange`, delayed by `delay_ms` (`x-delay`), stamped with its
-/// due time.
-fn delayed(exchange: &str, seq: u64, delay_ms: u64, body_size: usize) -> Outgoing {
-    let mut headers = FieldTable::default();
-    headers.insert("x-delay".into(), AMQPValue::LongLongInt(delay_ms as i64));
-    Outgoing {
-        exchange: exchange.into(),
-        routing_key: KEY.into(),
-        body: body(seq, (now_ms() + delay_ms) * 1000, body_size),
-        properties: BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(headers),
-    }
 }
