@@ -70,22 +70,12 @@ async fn publish_numbered(w: &World, name: &str, n: usize, due: impl Fn(usize) -
     }
 }
 
-fn id(m: &Received) -> usize {
-    m.properties
-        .message_id()
-        .as_ref()
-        .expect("message id")
-        .as_str()
-        .parse()
-        .expect("numeric id")
-}
-
 /// Checks that messages `0..n` each arrived exactly once in `received`, and runs `check` on
 /// each arrival with its number.
 fn assert_once_each(received: &[Received], n: usize, check: impl Fn(usize, &Received)) {
     let mut seen = HashMap::new();
     for m in received {
-        let i = id(m);
+        let i = numeric_id(m);
         *seen.entry(i).or_insert(0) += 1;
         check(i, m);
     }
@@ -191,7 +181,7 @@ async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
     received.extend(w.drain_quiet(2 * SEC).await);
     let mut seen: HashMap<usize, u32> = HashMap::new();
     for m in &received {
-        *seen.entry(id(m)).or_default() += 1;
+        *seen.entry(numeric_id(m)).or_default() += 1;
     }
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "delivered twice: {twice:?}");
@@ -279,7 +269,7 @@ async fn a_cancel_drops_one_message_of_a_bundle() {
     .await;
     w.client().await.cancel("1").await.expect("cancelled");
     let received = w.recv_n(2, 10 * SEC).await;
-    let mut ids: Vec<usize> = received.iter().map(id).collect();
+    let mut ids: Vec<usize> = received.iter().map(numeric_id).collect();
     ids.sort();
     assert_eq!(ids, vec![0, 2]);
     w.assert_quiet(SEC).await;
@@ -473,7 +463,7 @@ async fn a_crash_doubles_only_the_deliveries_of_about_one_window() {
     received.extend(w.drain_quiet(2 * SEC).await);
     let mut copies: HashMap<usize, u32> = HashMap::new();
     for m in &received {
-        *copies.entry(id(m)).or_default() += 1;
+        *copies.entry(numeric_id(m)).or_default() += 1;
     }
     assert_eq!(copies.len(), N, "nothing lost");
     let doubled: Vec<usize> = copies

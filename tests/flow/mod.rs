@@ -99,19 +99,29 @@ async fn small_flow_until_windows_are(
     false
 }
 
+/// Publishes messages `0..n` with `body`, all due at `deliver_at`, with their confirms in
+/// flight together (as a burst comes), and checks every confirm.
+async fn publish_burst(w: &World, n: usize, body: &[u8], deliver_at: u64) {
+    let confirms = futures::future::join_all((0..n).map(|i| {
+        w.publisher.basic_publish(
+            w.ingress.as_str().into(),
+            "rk.burst".into(),
+            lapin::options::BasicPublishOptions::default(),
+            body,
+            numbered(i, deliver_at),
+        )
+    }))
+    .await;
+    for confirm in futures::future::join_all(confirms.into_iter().map(|c| c.unwrap())).await {
+        assert!(confirm.unwrap().is_ack(), "burst publish confirmed");
+    }
+}
+
 /// Checks that messages `0..n` each arrived exactly once.
 fn assert_once_each(received: &[Received], n: usize) {
     let mut seen: HashMap<usize, u32> = HashMap::new();
     for m in received {
-        let id: usize = m
-            .properties
-            .message_id()
-            .as_ref()
-            .expect("message id")
-            .as_str()
-            .parse()
-            .expect("numeric id");
-        *seen.entry(id).or_default() += 1;
+        *seen.entry(numeric_id(m)).or_default() += 1;
     }
     let missing: Vec<usize> = (0..n).filter(|i| !seen.contains_key(i)).collect();
     let twice: Vec<usize> = seen
@@ -221,20 +231,7 @@ async fn after_a_burst_of_bundles_both_windows_widen_back_to_prefetch() {
     let due = now_ms() + 3_500;
     // Published with confirms in flight together, as a burst comes: most windows then
     // bundle more than 1 MiB of bodies, and their bundles are full ones.
-    let body = [b'b'; 2048];
-    let confirms = futures::future::join_all((0..BURST).map(|i| {
-        w.publisher.basic_publish(
-            w.ingress.as_str().into(),
-            "rk.burst".into(),
-            lapin::options::BasicPublishOptions::default(),
-            &body,
-            numbered(i, due),
-        )
-    }))
-    .await;
-    for confirm in futures::future::join_all(confirms.into_iter().map(|c| c.unwrap())).await {
-        assert!(confirm.unwrap().is_ack(), "burst publish confirmed");
-    }
+    publish_burst(&w, BURST, &[b'b'; 2048], due).await;
     let mut burst = w.recv_n(BURST, 30 * SEC).await;
     let narrowed = narrowest.get().1;
     println!(
@@ -302,20 +299,7 @@ async fn messages_due_after_a_burst_pass_it() {
         w.declare_bound_queue(&queue, &target, "rk.#").await;
     }
     let due = now_ms() + 3_000;
-    let body = [b'b'; 16];
-    let confirms = futures::future::join_all((0..BURST).map(|i| {
-        w.publisher.basic_publish(
-            w.ingress.as_str().into(),
-            "rk.burst".into(),
-            lapin::options::BasicPublishOptions::default(),
-            &body,
-            numbered(i, due),
-        )
-    }))
-    .await;
-    for confirm in futures::future::join_all(confirms.into_iter().map(|c| c.unwrap())).await {
-        assert!(confirm.unwrap().is_ack(), "burst publish confirmed");
-    }
+    publish_burst(&w, BURST, &[b'b'; 16], due).await;
     // The later messages, each due 5 ms after it is published (below every level: the
     // bridge reads it and waits it out), until the burst arrived.
     let burst_arrived = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -356,12 +340,12 @@ async fn messages_due_after_a_burst_pass_it() {
     let mut ids = Vec::new();
     while ids.iter().filter(|id| **id < BURST).count() < BURST {
         let m = w.recv_within(30 * SEC).await;
-        ids.push(id_of(&m));
+        ids.push(numeric_id(&m));
     }
     burst_arrived.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = later.await.unwrap();
     for m in w.recv_n(BURST + sent - ids.len(), 10 * SEC).await {
-        ids.push(id_of(&m));
+        ids.push(numeric_id(&m));
     }
     let mut seen = ids.clone();
     seen.sort_unstable();
@@ -387,15 +371,4 @@ async fn messages_due_after_a_burst_pass_it() {
         "later messages pass the burst: the longest run of burst messages none passed is {longest} ({runs:?})"
     );
     w.cleanup().await;
-}
-
-/// A numbered message's number.
-fn id_of(m: &Received) -> usize {
-    m.properties
-        .message_id()
-        .as_ref()
-        .expect("message id")
-        .as_str()
-        .parse()
-        .expect("numeric id")
 }

@@ -29,6 +29,33 @@ async fn world_with_extra_route(
     (w, ingress, target)
 }
 
+/// Declares `full` (direct) with one queue, bound `rk.full`, that holds at most
+/// `max_length` messages and refuses (nacks) publishes beyond them.
+async fn declare_full_target(w: &mut World, full: &str, max_length: i64) {
+    let queue = format!("{full}.q");
+    w.declare_extra_exchange(full, ExchangeKind::Direct).await;
+    let ch = w.conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(max_length));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    w.adopt_queue(&queue);
+    ch.queue_bind(
+        queue.as_str().into(),
+        full.into(),
+        "rk.full".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
 fn reason(m: &Received) -> Option<&AMQPValue> {
     m.header("delay-bridge-reason")
 }
@@ -86,28 +113,7 @@ async fn a_target_that_refuses_every_publish_parks_the_message_and_traffic_flows
 #[tokio::test]
 async fn a_full_target_parks_the_message_after_the_configured_time_and_traffic_flows_on() {
     let (mut w, ingress, full) = world_with_extra_route("full", "full", Some(SEC)).await;
-    let queue = format!("{full}.q");
-    w.declare_extra_exchange(&full, ExchangeKind::Direct).await;
-    let ch = w.conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
-    args.insert(
-        "x-overflow".into(),
-        AMQPValue::LongString("reject-publish".into()),
-    );
-    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
-        .await
-        .unwrap();
-    w.adopt_queue(&queue);
-    ch.queue_bind(
-        queue.as_str().into(),
-        full.as_str().into(),
-        "rk.full".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_full_target(&mut w, &full, 1).await;
     publish_to(
         &w.publisher,
         &full,
@@ -275,28 +281,7 @@ async fn a_full_target_backing_off_holds_no_turn_from_other_targets() {
         ..Setup::new("turns-full")
     })
     .await;
-    let queue = format!("{full}.q");
-    w.declare_extra_exchange(&full, ExchangeKind::Direct).await;
-    let ch = w.conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
-    args.insert(
-        "x-overflow".into(),
-        AMQPValue::LongString("reject-publish".into()),
-    );
-    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
-        .await
-        .unwrap();
-    w.adopt_queue(&queue);
-    ch.queue_bind(
-        queue.as_str().into(),
-        full.as_str().into(),
-        "rk.full".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_full_target(&mut w, &full, 0).await;
     let due = delay_bridge::clock::now_ms() + 2_500;
     let at = |ms: u64| {
         lapin::BasicProperties::default().with_headers(headers(vec![(

@@ -458,6 +458,17 @@ pub async fn publish_to(
     at
 }
 
+/// The number a test gave a message as its `message_id`.
+pub fn numeric_id(m: &Received) -> usize {
+    m.properties
+        .message_id()
+        .as_ref()
+        .expect("message id")
+        .as_str()
+        .parse()
+        .expect("numeric id")
+}
+
 /// Waits until `condition` holds, checking every 5 ms, panicking with `what` at the deadline.
 pub async fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
