@@ -295,11 +295,14 @@ mod tests {
     /// delete, with many more queued behind it, and the channel's `close-ok` goes out after
     /// every publish frame queued for it, so the broker sees no publish on a closed
     /// channel. (lapin answered the close ahead of publishes it still had queued, and the
-    /// broker closed the whole connection: "expected 'channel.open'".)
+    /// broker closed the whole connection: "expected 'channel.open'".) The burst keeps
+    /// `IN_FLIGHT` publishes outstanding until the first refusal, so the delete always lands
+    /// under it, however fast the broker drains a fixed batch.
     #[tokio::test]
     async fn an_exchange_deleted_under_a_burst_leaves_the_connection_open() {
         const ROUNDS: usize = 10;
-        const PUBLISHES: usize = 2000;
+        const IN_FLIGHT: usize = 2000;
+        const MAX_PUBLISHES: usize = 200_000;
         let (connection, targets) = connected().await;
         let url = crate::config::BrokerUrl::parse(&broker_url()).expect("a broker URL");
         let admin = crate::amqp::connect(&url, "targets unit test admin")
@@ -318,43 +321,67 @@ mod tests {
                 .await
                 .expect("the test exchange");
             let publisher = targets.get(&target).await.expect("its channel");
-            let publishes: Vec<_> = (0..PUBLISHES)
-                .map(|_| {
-                    let (publisher, target) = (publisher.clone(), target.clone());
-                    tokio::spawn(async move { publish_to(&publisher, &target).await })
-                })
-                .collect();
-            declaring
-                .exchange_delete(
-                    target.as_str().into(),
-                    lapin::options::ExchangeDeleteOptions::default(),
-                )
-                .await
-                .expect("the test exchange deleted");
-            let answers = tokio::time::timeout(
-                Duration::from_secs(60),
-                futures::future::join_all(publishes),
-            )
-            .await
-            .expect("every publish answered within 60 s");
-            let mut refused = 0;
-            for answer in answers.into_iter().map(|joined| joined.expect("task")) {
-                match answer {
-                    Ok(_) => {}
-                    Err(crate::amqp::PublishError::Broker(e)) if e.reply_code() == Some(404) => {
-                        refused += 1
-                    }
-                    Err(other) => panic!("round {round}: {other}"),
-                }
+            let spawn_publish = |in_flight: &mut tokio::task::JoinSet<_>| {
+                let (publisher, target) = (publisher.clone(), target.clone());
+                in_flight.spawn(async move { publish_to(&publisher, &target).await });
+            };
+            let mut in_flight = tokio::task::JoinSet::new();
+            for _ in 0..IN_FLIGHT {
+                spawn_publish(&mut in_flight);
             }
-            println!("round {round}: {refused} of {PUBLISHES} refused 404");
+            let mut sent = IN_FLIGHT;
+            let first = in_flight
+                .join_next()
+                .await
+                .expect("a publish")
+                .expect("task");
+            assert!(first.is_ok(), "round {round}: {first:?} before the delete");
+            let deleting = {
+                let (declaring, target) = (declaring.clone(), target.clone());
+                tokio::spawn(async move {
+                    declaring
+                        .exchange_delete(
+                            target.as_str().into(),
+                            lapin::options::ExchangeDeleteOptions::default(),
+                        )
+                        .await
+                })
+            };
+            let mut refused = 0;
+            let drained = tokio::time::timeout(Duration::from_secs(60), async {
+                while let Some(joined) = in_flight.join_next().await {
+                    match joined.expect("task") {
+                        Ok(_) if refused == 0 && sent < MAX_PUBLISHES => {
+                            spawn_publish(&mut in_flight);
+                            sent += 1;
+                        }
+                        Ok(_) => {}
+                        Err(crate::amqp::PublishError::Broker(e))
+                            if e.reply_code() == Some(404) =>
+                        {
+                            refused += 1
+                        }
+                        Err(other) => panic!("round {round}: {other}"),
+                    }
+                }
+            })
+            .await;
+            assert!(
+                drained.is_ok(),
+                "round {round}: every publish answered within 60 s"
+            );
+            deleting
+                .await
+                .expect("task")
+                .expect("the test exchange deleted");
+            println!("round {round}: {refused} of {sent} refused 404");
             assert!(
                 connection.is_open(),
                 "round {round}: the broker closed the connection ({refused} refused 404)"
             );
             assert!(
                 refused > 0,
-                "round {round}: the burst ended before the delete"
+                "round {round}: {sent} publishes and none refused after the delete"
             );
         }
         targets.close_all().await;
