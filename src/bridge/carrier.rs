@@ -83,8 +83,8 @@ struct Decoded {
     /// moves to the returns queue to wait instead, so that the delivery it came in is
     /// settled within its window.
     waits_here: bool,
-    /// For a message of a bundle, the bundle's lane: it publishes to its target in turns
-    /// with the other bundles' messages (see `bridge::turns`).
+    /// For a message of a bundle, its lane (the bundle's messages due at its instant): it
+    /// publishes to its target in turns with the other lanes (see `bridge::turns`).
     lane: Option<Lane>,
 }
 

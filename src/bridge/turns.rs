@@ -4,9 +4,10 @@
 //! burst). Were they all written to their target's channel the moment they are due, a
 //! message due a moment later in another bundle would queue behind every one of them (the
 //! broker reads a channel in order). So the messages of bundles publish in turns: at most
-//! [`WIDTH`] at once, and when more wait, the bundles (lanes) take turns round-robin. A lane
-//! of a few messages then waits for at most one turn of each busy lane, however many
-//! messages the busiest one holds.
+//! [`WIDTH`] at once, and when more wait, the lanes take turns round-robin. A lane is the
+//! messages of one bundle due at one instant: a burst's, or a single message due a moment
+//! later (in the burst's bundle or another). A lane of a few messages then waits for at most
+//! one turn of each busy lane, however many messages the busiest one holds.
 //!
 //! [`Turns`] is the bookkeeping, without I/O; [`Lanes`] hands out the turns to tasks.
 
@@ -98,7 +99,7 @@ impl Lanes {
         })
     }
 
-    /// A lane for the messages of one bundle.
+    /// A lane for the messages of one bundle due at one instant.
     pub(crate) fn open(self: &Arc<Self>) -> Lane {
         Lane {
             id: self.next_lane.fetch_add(1, Ordering::Relaxed),

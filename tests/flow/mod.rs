@@ -357,18 +357,94 @@ async fn messages_due_after_a_burst_pass_it() {
     );
     // Runs of burst messages between two later ones, from the first later one on.
     let first_later = ids.iter().position(|id| *id >= BURST).unwrap();
-    let runs: Vec<usize> = ids[first_later..]
+    // Runs closed by a later message: the burst messages after the last later one had
+    // none left to let by (the later messages stop after MOST_LATER).
+    let last_later = ids.iter().rposition(|id| *id >= BURST).unwrap();
+    let runs: Vec<usize> = ids[first_later..last_later]
         .split(|id| *id >= BURST)
         .map(<[usize]>::len)
         .filter(|run| *run > 0)
         .collect();
     let longest = runs.iter().copied().max().unwrap_or(0);
     println!(
-        "{sent} later messages; burst messages before the first {first_later}, then in runs of {runs:?}"
+        "{sent} later messages; burst messages before the first {first_later}, then in runs of {runs:?}, then {}",
+        ids.len() - 1 - last_later
     );
     assert!(
         longest <= BURST / 12,
         "later messages pass the burst: the longest run of burst messages none passed is {longest} ({runs:?})"
+    );
+    w.cleanup().await;
+}
+
+/// Messages due a moment after a burst's instant, published among the burst's messages so
+/// that they travel in the burst's own bundles, pass the burst too: a bundle's messages
+/// take turns by due instant (a lane per instant), so one due later waits for a turn of the
+/// burst's lane, not behind every burst message its bundle holds. Every bundle of the burst
+/// holds later messages, all due within 40 ms of the burst's instant: with one lane per
+/// bundle, the last of them arrived behind nearly the whole burst (its bundle's lane
+/// finished last); with a lane per instant, behind what the broker takes in 40 ms.
+#[tokio::test]
+async fn messages_due_after_a_burst_in_its_bundles_pass_it() {
+    const BURST: usize = 8_000;
+    const EVERY: usize = 100;
+    const LATER: usize = BURST / EVERY;
+    const FANOUT: usize = 15;
+    let mut w = World::start(Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(100)),
+        bundle_hops: Some(true),
+        prefetch: 1000,
+        ..Setup::new("flow-pass-bundled")
+    })
+    .await;
+    let target = w.sandbox.target.clone();
+    for copy in 0..FANOUT {
+        let queue = format!("{}.copy-{copy}", w.sandbox.prefix());
+        w.declare_bound_queue(&queue, &target, "rk.#").await;
+    }
+    let due = now_ms() + 3_000;
+    // After every EVERY-th burst message one later message, due 20-40 ms after the
+    // burst's instant.
+    let messages: Vec<(usize, u64)> = (0..BURST)
+        .flat_map(|i| {
+            let later = (i % EVERY == EVERY - 1).then(|| {
+                let j = i / EVERY;
+                (BURST + j, due + 20 + (j * 20 / LATER) as u64)
+            });
+            std::iter::once((i, due)).chain(later)
+        })
+        .collect();
+    let confirms = futures::future::join_all(messages.iter().map(|(id, deliver_at)| {
+        w.publisher.basic_publish(
+            w.ingress.as_str().into(),
+            "rk.burst".into(),
+            lapin::options::BasicPublishOptions::default(),
+            b"burst",
+            numbered(*id, *deliver_at),
+        )
+    }))
+    .await;
+    for confirm in futures::future::join_all(confirms.into_iter().map(|c| c.unwrap())).await {
+        assert!(confirm.unwrap().is_ack(), "publish confirmed");
+    }
+    assert!(
+        now_ms() + 1_000 < due,
+        "published well before the due instant"
+    );
+    let received = w.recv_n(BURST + LATER, 60 * SEC).await;
+    assert_once_each(&received, BURST + LATER);
+    let ids: Vec<usize> = received.iter().map(numeric_id).collect();
+    let first_later = ids.iter().position(|id| *id >= BURST).unwrap();
+    let last_later = ids.iter().rposition(|id| *id >= BURST).unwrap();
+    let before_last = last_later + 1 - LATER;
+    println!(
+        "burst messages before the first later one {first_later}, before the last {before_last}"
+    );
+    assert!(
+        before_last <= BURST / 3,
+        "later messages in the burst's bundles pass it: {before_last} of {BURST} burst messages arrived before the last of them"
     );
     w.cleanup().await;
 }

@@ -26,6 +26,7 @@ use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodabl
 use crate::amqp::wire::Delivery;
 use crate::bridge::BridgeError;
 use crate::bridge::inlet::Tag;
+use crate::bridge::turns::Lane;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle::{self, Member};
 use crate::contract::{Envelope, consumed_properties, hop_properties};
@@ -254,7 +255,10 @@ impl Carrier {
         // Back from the returns queue (level zero): its messages wait out their last
         // moments here; back from a level, they move there first.
         let waits_here = routing_key.as_str() == self.shared.config.names.returns_queue();
-        let lane = self.lanes.open();
+        // A lane per due instant: a burst's messages (due at one instant) take turns as one
+        // lane, and each message due after them in the same bundle as a lane of its own,
+        // so it waits for a turn of the burst, not behind all of it.
+        let mut lanes: HashMap<u64, Lane> = HashMap::new();
         let messages = members
             .into_iter()
             .map(|Member { properties, body }| {
@@ -263,14 +267,20 @@ impl Carrier {
                     None => self.decode(&exchange, &routing_key, &properties),
                 };
                 match decoded {
-                    Ok(envelope) => Ok(Decoded {
-                        tag,
-                        body,
-                        envelope,
-                        read_at,
-                        waits_here,
-                        lane: Some(lane.clone()),
-                    }),
+                    Ok(envelope) => {
+                        let lane = lanes
+                            .entry(envelope.deliver_at)
+                            .or_insert_with(|| self.lanes.open())
+                            .clone();
+                        Ok(Decoded {
+                            tag,
+                            body,
+                            envelope,
+                            read_at,
+                            waits_here,
+                            lane: Some(lane),
+                        })
+                    }
                     Err(parked) => Err(Box::new(Undecodable {
                         tag,
                         body,
