@@ -21,7 +21,8 @@
 #   BENCH_BROKERS=3 bash scripts/bench.sh plugin-move   # moving an exchange off the plugin onto
 #                                      # the bridge (README, Moving off the plugin): counts
 #   BENCH_RUNS=3 bash scripts/bench.sh mixed       # the 30-minute soak, 3 runs (not in the
-#                                      # default list: 90 minutes per broker)
+#                                      # default list: 90 minutes per broker), each also drawn
+#                                      # as target/bench/<version>/mixed.<run>.svg
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
 #                                      # capacity's target is twice this figure: the capacity
 #                                      # measured on this machine before the first change for
@@ -68,7 +69,10 @@ for broker in $brokers; do
     reports=()
     for run in $(seq 1 "$runs"); do
       echo "== RabbitMQ $version: delay-bridge-bench $scenario (run $run of $runs)"
-      DELAY_BRIDGE_URL=$url $bench "$scenario" | tee "$out/$scenario.$run.txt"
+      # The soak also draws its per-minute figures beside its report.
+      extra=()
+      [ "$scenario" = mixed ] && extra=(--svg "$out/$scenario.$run.svg")
+      DELAY_BRIDGE_URL=$url $bench "$scenario" "${extra[@]}" | tee "$out/$scenario.$run.txt"
       reports+=("$out/$scenario.$run.txt")
     done
     echo "== RabbitMQ $version: $scenario over $runs runs"
