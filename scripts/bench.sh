@@ -19,14 +19,14 @@
 #   BENCH_BROKERS=3 bash scripts/bench.sh plugin   # the archived delayed-message plugin beside
 #                                      # the bridge (installed for the broker and enabled first)
 #   BENCH_BROKERS=3 bash scripts/bench.sh plugin-move   # moving an exchange off the plugin onto
-#                                      # the bridge (README, Moving off the plugin): counts
+#                                      # the bridge (docs/operations.md, Moving off the plugin): counts
 #   BENCH_RUNS=3 bash scripts/bench.sh mixed       # the 30-minute soak, 3 runs (not in the
 #                                      # default list: 90 minutes per broker), each also drawn
 #                                      # as target/bench/<version>/mixed.<run>.svg
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
 #                                      # capacity's target is twice this figure: the capacity
 #                                      # measured on this machine before the first change for
-#                                      # it (README, Performance: the commit and how). Without
+#                                      # it (docs/performance.md: the commit and how). Without
 #                                      # it, the first reference machine's figure is the base.
 # The benchmarks are their own binary, built with `--features bench` (the daemon's default
 # build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
