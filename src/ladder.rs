@@ -180,7 +180,7 @@ impl Ladder {
     /// The default "clock" ladder: every whole second below a minute, every minute below an
     /// hour, every hour below a day, and every day up to 48 days (189 levels).
     ///
-    /// Chosen by measurement (`delay-bridge ladders`, and the table in the README): a delay
+    /// Chosen by measurement (`delay-bridge ladders`, and the table in docs/architecture.md): a delay
     /// costs at most one hop per clock unit, so the mean is under 4 hops over [1 s, 30 d],
     /// where `binary` needs about 11 and `rocketmq` hundreds.
     pub fn default_ladder() -> Self {

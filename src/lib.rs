@@ -24,10 +24,10 @@
 //! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
 //!
 //! AMQP edge:
-//! - [`amqp`]: connecting; the project's own AMQP connection (`wire`, on which the bridge
-//!   consumes and every confirmed publish goes); inside the crate, the one confirmed,
-//!   mandatory publish, which matches returns to their own publish and decides what a
-//!   result means.
+//! - [`amqp`]: connecting, and the broker's version; the project's own AMQP connection
+//!   (`wire`, on which the bridge consumes and every confirmed publish goes); inside the
+//!   crate, the one confirmed, mandatory publish, which matches returns to their own
+//!   publish and decides what a result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
 //!   expired messages that its dead-letter worker has not forwarded, bytes).
@@ -38,8 +38,9 @@
 //! The service and its client:
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
 //!   each message's carrier hops (alone or bundled with the hops of its window), holds,
-//!   delivers, parks or drops it; the cancel follower;
-//!   the watch for queues whose expired messages are not forwarded.
+//!   delivers (the messages of bundles in turns), parks or drops it; the cancel follower;
+//!   whether every instance reads bundles; the watch for queues whose expired messages are
+//!   not forwarded.
 //! - [`client`]: the typed client: schedule, cancel, reschedule.
 //! - `http` (feature `http`, in the `cli` build): the metrics and health listener.
 //!

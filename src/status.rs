@@ -308,7 +308,7 @@ async fn unsafe_to_read(config: &Config, connection: &Connection) -> Option<Stri
         Err(e) => Some(format!(
             "not read: the parked queue does not have the delivery limit the bridge sets ({e}); \
              on RabbitMQ 4.x each read would count against its default limit of 20, past which \
-             it drops messages (see the README's 'Changing the topology')"
+             it drops messages (see docs/operations.md, 'Changing the topology')"
         )),
     }
 }

@@ -67,7 +67,7 @@ pub enum TopologyError {
     #[error(
         "{kind} `{name}` already exists with different settings: {broker}. \
          It may hold messages: do not delete it. Change the configuration back, or move to \
-         a new topology.prefix as the README's 'Changing the topology' says"
+         a new topology.prefix as docs/operations.md, 'Changing the topology', says"
     )]
     Mismatch {
         /// "queue" or "exchange".

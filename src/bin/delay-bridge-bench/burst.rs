@@ -33,7 +33,7 @@ pub struct Args {
     baseline: BaselineArgs,
 }
 
-/// Target of the performance table (README): drain rate as a share of the baseline.
+/// Target of the performance table (docs/performance.md): drain rate as a share of the baseline.
 const DRAIN_RATIO_TARGET: f64 = 0.75;
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {

@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0, value_parser = above_zero)]
     p99_limit_ms: f64,
     /// The capacity measured before the first change made for it, msg/s, on this machine
-    /// and broker (the commit the README's Performance section names, in the same
+    /// and broker (the commit docs/performance.md names, in the same
     /// sitting); the target is twice it. Without it, the reference machine's figure for
     /// the broker is the base, which another machine's speed makes meaningless.
     #[arg(long, env = "DELAY_BRIDGE_BENCH_CAPACITY_BEFORE", value_parser = above_zero)]

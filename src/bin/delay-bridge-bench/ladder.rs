@@ -23,7 +23,7 @@ pub struct Args {
     samples: u32,
 }
 
-/// Target of the performance table (README): mean hops over [1 s, 30 d] with the default ladder.
+/// Target of the performance table (docs/performance.md): mean hops over [1 s, 30 d] with the default ladder.
 const MEAN_HOPS_TARGET: f64 = 4.0;
 
 const DAY: u64 = 86_400;

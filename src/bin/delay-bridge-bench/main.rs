@@ -4,7 +4,7 @@
 //! same publisher and consumer, and prints its figures as ratios of it (`client-relay`
 //! instead sets two AMQP clients side by side in one run). Each scenario
 //! prints a human table and then one JSON object (the last line of its output); each
-//! target of the performance table (README) is printed as PASS or MISS next to its figure.
+//! target of the performance table (docs/performance.md) is printed as PASS or MISS next to its figure.
 //!
 //! The bridge under test runs as users run it: `steady`, `burst`, `hop` and `pending` start
 //! `delay-bridge run` as a child process ([`measured_bridge`], so its RSS and CPU time are
@@ -114,7 +114,7 @@ pub enum Scenario {
     /// at a steady rate, then a burst's drain rate.
     Plugin(plugin::Args),
     /// Moving a delayed exchange off the plugin (when enabled on the broker) onto the
-    /// bridge, as the README's procedure says: published before and after the move,
+    /// bridge, as docs/operations.md's procedure says: published before and after the move,
     /// delivered, doubled and lost.
     PluginMove(plugin_move::Args),
     /// Many long-delay messages pending in the levels: broker memory per pending message
@@ -266,7 +266,7 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// One target of the performance table (README): what is compared, the figure, and whether it is met.
+/// One target of the performance table (docs/performance.md): what is compared, the figure, and whether it is met.
 pub struct Target {
     /// What is measured and its limit, e.g. "steady p99 lateness <= 5 ms".
     pub name: String,

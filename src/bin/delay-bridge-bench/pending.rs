@@ -49,7 +49,7 @@ pub struct Args {
     baseline: BaselineArgs,
 }
 
-/// Targets of the performance table (README).
+/// Targets of the performance table (docs/performance.md).
 const RSS_LIMIT: u64 = 64 * 1024 * 1024;
 const RSS_FLAT_GROWTH: f64 = 0.10;
 const BROKER_BYTES_PER_MESSAGE: f64 = 200.0;

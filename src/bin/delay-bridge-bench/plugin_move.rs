@@ -1,5 +1,5 @@
 //! `plugin-move`: moving a delayed exchange off the archived delayed-message plugin onto the
-//! bridge, run end to end as the README's procedure says, with counts.
+//! bridge, run end to end as docs/operations.md's procedure says, with counts.
 //!
 //! 1. The setup under the plugin: the publishers' exchange (`x-delayed-message`, routing as
 //!    `direct`) bound to the consumers' queue with the publishers' routing key.

@@ -66,7 +66,7 @@ impl Shape {
     }
 }
 
-/// Targets of the performance table (README) on the 2-core reference machine: p99 and max
+/// Targets of the performance table (docs/performance.md) on the 2-core reference machine: p99 and max
 /// lateness on RabbitMQ 3.x, p99 on 4.x (where no max is set), and the achieved share of
 /// the asked rate.
 const P99_LIMIT_MS_3X: f64 = 5.0;
