@@ -147,9 +147,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
     }
 
     /// Opens AMQP on `stream` as [`Bare::open`] does, asking for heartbeats every
-    /// `heartbeat` seconds (`0`: none; a lower proposal of the broker wins), and opens
-    /// no channel. Gives the limits agreed with the broker, and the `version` the broker
-    /// announced in its server properties.
+    /// `heartbeat` seconds (`0`: none; the URL's `heartbeat` instead when it has one; a
+    /// lower proposal of the broker wins), and opens no channel. The URL's `frame_max` and
+    /// `channel_max` lower the broker's offer. Gives the limits agreed with the broker, and
+    /// the `version` the broker announced in its server properties.
     pub async fn handshake(
         stream: S,
         uri: &AMQPUri,
@@ -195,6 +196,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
             "basic.nack",
             "connection.blocked",
             "consumer_cancel_notify",
+            // A refused login is then a `connection.close` with 403 ACCESS_REFUSED, not a
+            // socket closed without a word (which reads as a network blip).
+            "authentication_failure_close",
         ] {
             capabilities.insert(capability.into(), AMQPValue::Boolean(true));
         }
@@ -211,20 +215,39 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
         .await?;
         let tune = match bare.next_method(0).await? {
             AMQPClass::Connection(connection::AMQPMethod::Tune(tune)) => tune,
+            AMQPClass::Connection(connection::AMQPMethod::Close(close)) => {
+                return Err(BareError::Closed {
+                    what: "connection",
+                    code: close.reply_code,
+                    text: close.reply_text.to_string(),
+                });
+            }
             other => {
                 return Err(BareError::Unexpected(format!(
                     "{other:?} (connection.tune)"
                 )));
             }
         };
-        if tune.frame_max > 0 {
-            bare.frame_max = tune.frame_max.min(DEFAULT_FRAME_MAX);
-        }
+        // The URL's `frame_max`, `channel_max` and `heartbeat` ask for less than the
+        // broker offers (as lapin reads them); AMQP's smallest frame_max is 4096.
+        let query = &uri.query;
+        let asked_frame_max = query
+            .frame_max
+            .map_or(DEFAULT_FRAME_MAX, |max| max.clamp(4096, DEFAULT_FRAME_MAX));
+        bare.frame_max = match tune.frame_max {
+            0 => asked_frame_max,
+            offered => offered.min(asked_frame_max),
+        };
+        let heartbeat = query.heartbeat.unwrap_or(heartbeat);
+        let offered_channels = match tune.channel_max {
+            0 => u16::MAX,
+            max => max,
+        };
         let tuned = Tuned {
             frame_max: bare.frame_max,
-            channel_max: match tune.channel_max {
-                0 => u16::MAX,
-                max => max,
+            channel_max: match query.channel_max {
+                Some(asked) if asked > 0 => offered_channels.min(asked),
+                _ => offered_channels,
             },
             heartbeat: match (tune.heartbeat, heartbeat) {
                 (_, 0) => 0,
@@ -235,7 +258,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bare<S> {
         bare.send_method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
-                channel_max: tune.channel_max,
+                channel_max: tuned.channel_max,
                 frame_max: bare.frame_max,
                 heartbeat: tuned.heartbeat,
             })),

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use delay_bridge::client::{Message, When};
 use delay_bridge::config::Route;
 use delay_bridge::contract::{ParkReason, header};
 use lapin::types::{AMQPValue, LongString};
@@ -250,6 +251,46 @@ async fn headers_the_bridge_state_would_push_past_the_frame_size_are_parked_too_
     let after = w.recv_within(10 * SEC).await;
     assert_eq!(after.body, b"after");
     assert_eq!(w.stats().snapshot().reconnects, 0, "no session was lost");
+    w.cleanup().await;
+}
+
+/// A `schedule` whose headers do not fit in one frame is refused by the typed client,
+/// saying so, and costs nothing else: its connection stays open and the next schedule goes.
+/// (The client sent such a content header; the broker closed the whole connection for it,
+/// 501, and the client never reconnected.)
+#[tokio::test]
+async fn a_schedule_whose_headers_exceed_the_frame_is_refused_and_the_client_goes_on() {
+    let mut w = World::start(Setup {
+        ladder: "200ms",
+        margin: Duration::from_millis(30),
+        ..Setup::new("client-frame")
+    })
+    .await;
+    let client = w.client().await;
+    let big = BasicProperties::default().with_headers(headers(vec![(
+        "big",
+        AMQPValue::LongString(LongString::from(vec![b'x'; 200 * 1024])),
+    )]));
+    let refused = client
+        .schedule(
+            Message::new(w.ingress.as_str(), "rk.frame", b"over".to_vec())
+                .with_properties(big)
+                .with_message_id("over"),
+            When::After(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("frame_max"), "{refused}");
+    client
+        .schedule(
+            Message::new(w.ingress.as_str(), "rk.frame", b"next".to_vec()).with_message_id("next"),
+            When::After(Duration::from_millis(300)),
+        )
+        .await
+        .expect("the client's connection is still open");
+    let m = w.recv_within(10 * SEC).await;
+    assert_eq!(m.body, b"next");
+    client.close().await.unwrap();
     w.cleanup().await;
 }
 

@@ -2,7 +2,9 @@
 //! carries comes out as sent, every publish learns its own confirm, a return reaches its
 //! handler before the confirm of its publish (proved by counts under concurrency), a
 //! channel error stays on its channel, and a connection the broker closes fails every
-//! waiter.
+//! waiter. Its edges a real broker does not show on demand (a silent peer, a tune, a
+//! refused login, channel numbers running out, a dropped connection) are tested against a
+//! scripted fake broker (`fake_broker`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -16,18 +18,290 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::support::*;
 
+mod fake_broker;
+use fake_broker::FakeBroker;
+
 /// How long any single wait of these tests may take.
 const WITHIN: Duration = Duration::from_secs(20);
 
 async fn open(name: &str) -> Connection {
     let url = BrokerUrl::parse(&broker_url()).expect("the test URL");
-    tokio::time::timeout(
-        WITHIN,
-        Connection::open(&url, name, Duration::from_secs(60)),
+    open_url(&url, name)
+        .await
+        .expect("the test broker answers (run scripts/broker.sh)")
+}
+
+/// A connection to `url` named `name`, or why not, answered within [`WITHIN`].
+async fn open_url(url: &BrokerUrl, name: &str) -> Result<Connection, WireError> {
+    tokio::time::timeout(WITHIN, Connection::open(url, name, Duration::from_secs(60)))
+        .await
+        .expect("answered in time")
+}
+
+/// A wrong password is the broker's refusal, 403 ACCESS_REFUSED, not a lost socket: the
+/// connection asks for `authentication_failure_close`, so the broker says why it closes.
+#[tokio::test]
+async fn a_wrong_password_is_refused_with_403() {
+    let mut url = url::Url::parse(&broker_url()).expect("the test URL");
+    url.set_password(Some("certainly-not-the-password"))
+        .expect("a URL with a password");
+    let url = BrokerUrl::parse(url.as_str()).expect("a broker URL");
+    match open_url(&url, "wire test wrong password").await {
+        Err(error) => assert_eq!(error.reply_code(), Some(403), "{error}"),
+        Ok(_) => panic!("a wrong password was accepted"),
+    }
+}
+
+/// A return handler that panics (a bug in the caller's code, on the connection's reader)
+/// fails the connection with a reason, and every waiter is answered: the publish's confirm
+/// gets an error instead of waiting for ever, the connection no longer looks open, and a
+/// later publish is refused at once.
+#[tokio::test]
+async fn a_panicking_return_handler_fails_the_connection_and_answers_every_waiter() {
+    let connection = open("delay-bridge test wire panicking handler").await;
+    let channel = confirm_channel(&connection).await;
+    channel.on_return(Box::new(|_| panic!("a return handler's bug")));
+    let confirm = channel
+        .publish(
+            "",
+            "nowhere-at-all",
+            true,
+            &BasicProperties::default(),
+            b"unroutable",
+        )
+        .unwrap();
+    let answered = tokio::time::timeout(WITHIN, confirm)
+        .await
+        .expect("the confirm is answered");
+    assert!(answered.is_err(), "{answered:?}");
+    let failed = tokio::time::timeout(WITHIN, connection.failed())
+        .await
+        .expect("the connection fails");
+    assert!(failed.to_string().contains("panicked"), "{failed}");
+    assert!(!connection.is_open());
+    assert!(
+        channel
+            .publish("", "q", false, &BasicProperties::default(), b"later")
+            .is_err()
+    );
+}
+
+/// A peer that accepts the socket and never answers (a broker stopped with SIGSTOP, a
+/// black hole behind a load balancer) fails the connect within the URL's
+/// `connection_timeout`, instead of holding the caller for ever.
+#[tokio::test]
+async fn a_peer_that_never_answers_fails_the_connect_within_its_timeout() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let url = BrokerUrl::parse(&format!(
+        "amqp://guest:guest@127.0.0.1:{port}/%2f?connection_timeout=300"
+    ))
+    .expect("a broker URL");
+    match open_url(&url, "wire test silent peer").await {
+        Err(error) => assert!(error.to_string().contains("300ms"), "{error}"),
+        Ok(_) => panic!("a silent peer was taken for a broker"),
+    }
+    holding.abort();
+}
+
+/// The URL's `frame_max`, `channel_max` and `heartbeat` are what the connection agrees
+/// with the broker (each lower than RabbitMQ's offer), and a body larger than the frame
+/// travels in several frames and comes out whole.
+#[tokio::test]
+async fn the_urls_frame_max_channel_max_and_heartbeat_are_agreed() {
+    let mut url = url::Url::parse(&broker_url()).expect("the test URL");
+    url.query_pairs_mut()
+        .append_pair("frame_max", "8192")
+        .append_pair("channel_max", "10")
+        .append_pair("heartbeat", "7");
+    let url = BrokerUrl::parse(url.as_str()).expect("a broker URL");
+    let connection = open_url(&url, "wire test tuned")
+        .await
+        .expect("the test broker answers");
+    let tuned = connection.tuned();
+    assert_eq!(
+        (tuned.frame_max, tuned.channel_max, tuned.heartbeat),
+        (8192, 10, 7)
+    );
+    let queue = TestQueue::declare("wire-tuned").await;
+    let channel = confirm_channel(&connection).await;
+    let body: Vec<u8> = (0..50_000u32).map(|i| i as u8).collect();
+    let confirm = channel
+        .publish("", &queue.name, false, &BasicProperties::default(), &body)
+        .unwrap();
+    assert_eq!(confirm.await.unwrap(), Confirm::Ack);
+    let (_consuming, mut consumer) = consume(&connection, &queue.name).await;
+    assert_eq!(next_delivery(&mut consumer).await.data, body);
+    connection.close().await;
+    queue.delete().await;
+}
+
+/// The tune a fake broker offers.
+fn offer(
+    channel_max: u16,
+    frame_max: u32,
+    heartbeat: u16,
+) -> amq_protocol::protocol::connection::Tune {
+    amq_protocol::protocol::connection::Tune {
+        channel_max,
+        frame_max,
+        heartbeat,
+    }
+}
+
+/// Opens a connection to `broker` with `query` on its URL, the broker offering `tune`.
+async fn open_to_fake(
+    broker: &FakeBroker,
+    query: &str,
+    heartbeat: Duration,
+    tune: amq_protocol::protocol::connection::Tune,
+) -> (Connection, fake_broker::Peer) {
+    let url = BrokerUrl::parse(&broker.url(query)).expect("a broker URL");
+    let opening =
+        tokio::spawn(
+            async move { Connection::open(&url, "wire test fake broker", heartbeat).await },
+        );
+    let peer = broker.accept_and_open(tune).await;
+    let connection = tokio::time::timeout(WITHIN, opening)
+        .await
+        .expect("opened in time")
+        .expect("task")
+        .unwrap_or_else(|e| panic!("the fake broker's connection: {e}"));
+    (connection, peer)
+}
+
+/// What the connection agrees for each offer: the broker's limits when the URL asks for
+/// none, the lower of the two otherwise; a `0` offer means no limit (a heartbeat of `0`:
+/// the client's choice).
+#[tokio::test]
+async fn the_tune_is_the_lower_of_the_offer_and_the_urls() {
+    let cases = [
+        ("", 60, offer(2047, 131_072, 60), (2047, 131_072, 60)),
+        ("", 60, offer(0, 0, 0), (u16::MAX, 131_072, 60)),
+        ("", 60, offer(5, 4096, 10), (5, 4096, 10)),
+        (
+            "?frame_max=8192&channel_max=3&heartbeat=4",
+            60,
+            offer(2047, 131_072, 60),
+            (3, 8192, 4),
+        ),
+        (
+            "?frame_max=1000000",
+            60,
+            offer(0, 0, 0),
+            (u16::MAX, 131_072, 60),
+        ),
+        (
+            "?heartbeat=0",
+            60,
+            offer(2047, 131_072, 60),
+            (2047, 131_072, 0),
+        ),
+    ];
+    for (query, heartbeat, tune, expected) in cases {
+        let broker = FakeBroker::listen().await;
+        let (connection, _peer) =
+            open_to_fake(&broker, query, Duration::from_secs(heartbeat), tune.clone()).await;
+        let tuned = connection.tuned();
+        assert_eq!(
+            (tuned.channel_max, tuned.frame_max, tuned.heartbeat),
+            expected,
+            "offer {tune:?}, URL query {query:?}"
+        );
+    }
+}
+
+/// A login the broker refuses is its `connection.close` with 403, read as such (no
+/// RabbitMQ needed: the fake broker refuses as RabbitMQ does).
+#[tokio::test]
+async fn a_refused_login_is_the_brokers_403() {
+    let broker = FakeBroker::listen().await;
+    let url = BrokerUrl::parse(&broker.url("")).expect("a broker URL");
+    let opening = tokio::spawn(async move {
+        Connection::open(&url, "wire test refused login", Duration::ZERO).await
+    });
+    let _peer = broker.accept_and_refuse_login().await;
+    let refused = tokio::time::timeout(WITHIN, opening)
+        .await
+        .expect("answered in time")
+        .expect("task");
+    match refused {
+        Err(error) => {
+            assert_eq!(error.reply_code(), Some(403), "{error}");
+            assert!(error.to_string().contains("ACCESS_REFUSED"), "{error}");
+        }
+        Ok(_) => panic!("a refused login opened a connection"),
+    }
+}
+
+/// A broker that stops answering (here: says nothing after the handshake) fails the
+/// connection after two heartbeat intervals, and whoever waits on it learns why.
+#[tokio::test]
+async fn a_silent_broker_fails_the_connection_after_two_heartbeats() {
+    let broker = FakeBroker::listen().await;
+    let (connection, _peer) =
+        open_to_fake(&broker, "", Duration::from_secs(1), offer(2047, 131_072, 1)).await;
+    assert_eq!(connection.tuned().heartbeat, 1);
+    let failed = tokio::time::timeout(WITHIN, connection.failed())
+        .await
+        .expect("the connection failed in time");
+    assert!(matches!(failed, WireError::MissedHeartbeats(_)), "{failed}");
+    assert!(!connection.is_open());
+}
+
+/// With every channel number the broker allows in use, opening one more fails at once
+/// (`NoChannelFree`), asking the broker nothing.
+#[tokio::test]
+async fn channel_numbers_run_out_at_the_brokers_channel_max() {
+    let broker = FakeBroker::listen().await;
+    let (connection, peer) = open_to_fake(&broker, "", Duration::ZERO, offer(2, 131_072, 0)).await;
+    let answering = tokio::spawn(peer.open_every_channel());
+    let first = connection.open_channel().await.expect("channel 1");
+    let second = connection.open_channel().await.expect("channel 2");
+    assert_eq!((first.id(), second.id()), (1, 2));
+    assert!(matches!(
+        connection.open_channel().await,
+        Err(WireError::NoChannelFree)
+    ));
+    drop((first, second));
+    drop(connection);
+    tokio::time::timeout(WITHIN, answering)
+        .await
+        .expect("the fake broker saw the client go")
+        .expect("task");
+}
+
+/// A dropped connection ends its reader and writer even while the peer keeps its socket
+/// open and says nothing (a broker that blocks, or stopped): it does not keep a task
+/// reading for ever.
+#[tokio::test]
+async fn a_dropped_connection_ends_its_tasks_while_the_peer_says_nothing() {
+    let broker = FakeBroker::listen().await;
+    let (connection, mut peer) = open_to_fake(
+        &broker,
+        "?heartbeat=0",
+        Duration::ZERO,
+        offer(2047, 131_072, 0),
     )
-    .await
-    .expect("opened in time")
-    .expect("the test broker answers (run scripts/broker.sh)")
+    .await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    // The reader and the writer (no heartbeat task: heartbeats are off).
+    let with_connection = metrics.num_alive_tasks();
+    drop(connection);
+    assert!(
+        peer.closed_by_client_within(WITHIN).await,
+        "the client closed its side of the socket"
+    );
+    wait_until("the connection's two tasks ended", WITHIN, move || {
+        metrics.num_alive_tasks() + 2 <= with_connection
+    })
+    .await;
 }
 
 /// A channel in confirm mode.

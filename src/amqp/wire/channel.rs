@@ -107,7 +107,11 @@ impl ChannelShared {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ChannelState> {
-        self.state.lock().expect("channel lock")
+        // A panic under this lock (in a return handler) fails the connection; what
+        // fails it still reaches the state.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Ends the channel with `error`: every call, publish and consumer waiting on it gets
@@ -316,8 +320,9 @@ impl Channel {
     /// Sends `method` and waits for the broker's reply to it (a method that is neither a
     /// delivery, a return, a confirm nor a close). A channel error (a passive declare of
     /// an exchange that does not exist, say) comes back as [`WireError::Closed`], and the
-    /// channel is then gone.
-    pub async fn call(&self, method: AMQPClass) -> Result<AMQPClass, WireError> {
+    /// channel is then gone. Crate-private: a `nowait` method has no reply, and the replies
+    /// of every later call would then be matched to the wrong callers.
+    pub(crate) async fn call(&self, method: AMQPClass) -> Result<AMQPClass, WireError> {
         self.request(method, false).await
     }
 

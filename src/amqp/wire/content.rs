@@ -5,6 +5,11 @@
 use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{BasicProperties, basic};
 
+/// The most bytes reserved for a body when its content header comes; a larger body grows
+/// as its frames arrive. The size is the peer's word: a content header announcing terabytes
+/// must cost no memory before the bytes come.
+const RESERVE_AT_MOST: usize = 1 << 20;
+
 /// The method a message came with.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Carrier {
@@ -51,7 +56,7 @@ impl Incoming {
         }
         let size = usize::try_from(header.body_size)
             .map_err(|_| format!("a body of {} bytes", header.body_size))?;
-        self.body.reserve_exact(size);
+        self.body.reserve_exact(size.min(RESERVE_AT_MOST));
         self.header = Some((size, header.properties));
         Ok(self.step())
     }
@@ -141,6 +146,18 @@ mod tests {
         let incoming = waiting(incoming.body(b"ab"));
         let content = done(incoming.body(b"cde"));
         assert_eq!(content.body, b"abcde");
+    }
+
+    #[test]
+    fn a_body_size_that_lies_reserves_at_most_a_mebibyte() {
+        let incoming = waiting(Incoming::new(deliver()).header(header(1 << 45)));
+        assert!(
+            incoming.body.capacity() <= RESERVE_AT_MOST,
+            "reserved {} bytes for a body announced as 32 TiB",
+            incoming.body.capacity()
+        );
+        let incoming = waiting(incoming.body(b"the first frame"));
+        assert_eq!(incoming.body, b"the first frame");
     }
 
     #[test]

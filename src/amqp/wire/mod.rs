@@ -11,6 +11,15 @@
 //! errors: a channel the broker closes fails what waits on it, a connection that fails
 //! fails everything. What it does not do: recover. A failed connection stays failed; the
 //! caller opens a new one.
+//!
+//! Bounds: the outbox holds what callers sent and the socket has not yet taken, and a
+//! consumer's queue what the broker delivered and the caller has not yet taken; neither has
+//! a bound of its own. The broker bounds deliveries by the channel's prefetch (`qos`), and
+//! callers bound what they send (the bridge by its prefetch windows and its publishing in
+//! turns); while the broker blocks publishing, publishes queue in the outbox. Connecting
+//! gives up after the URL's `connection_timeout` ([`CONNECT_WITHIN`] by default); a frame
+//! over `frame_max` is refused both ways; a body reserves at most 1 MiB before its bytes
+//! arrive.
 
 mod channel;
 mod confirms;
@@ -21,12 +30,12 @@ mod reader;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use amq_protocol::protocol::{AMQPClass, channel as channel_methods, connection};
-use futures::AsyncReadExt;
 use futures::io::BufReader;
+use futures::{AsyncReadExt, FutureExt};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -48,6 +57,8 @@ const FRAME_BODY: u8 = 3;
 const FRAME_HEARTBEAT: u8 = 8;
 /// The byte that ends every frame.
 const FRAME_END: u8 = 0xCE;
+/// How long connecting (TCP, TLS, the AMQP handshake) may take when the URL does not say.
+pub const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 /// How long [`Connection::close`] waits for the broker's answer.
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 /// Bytes read from the socket at a time.
@@ -85,6 +96,18 @@ pub enum WireError {
     /// The channel was closed here.
     #[error("the channel was closed")]
     ChannelClosed,
+    /// A content header over the connection's `frame_max` (properties and headers too
+    /// large): the broker would close the whole connection for it, so nothing of that
+    /// publish was sent.
+    #[error(
+        "a content header of {header} bytes (the message's properties and headers) is over the connection's frame_max of {frame_max} bytes; nothing was sent"
+    )]
+    HeaderTooLarge {
+        /// The content header frame's size.
+        header: usize,
+        /// The largest frame the broker takes.
+        frame_max: usize,
+    },
     /// No channel number is free.
     #[error("every channel number the broker allows is in use")]
     NoChannelFree,
@@ -162,13 +185,32 @@ struct Channels {
 }
 
 impl Inner {
+    /// A connection's shared state, opened with `tuned` limits: no channel yet, nothing
+    /// failed.
+    fn new(tuned: Tuned, broker_version: Option<String>) -> Self {
+        Self {
+            outbox: Outbox::new(tuned.frame_max),
+            channels: Mutex::new(Channels {
+                open: HashMap::new(),
+                next: 1,
+            }),
+            failure: OnceLock::new(),
+            stop: CancellationToken::new(),
+            blocked: watch::Sender::new(None),
+            tuned,
+            broker_version,
+            opened: Instant::now(),
+            heard_at_ms: AtomicU64::new(0),
+        }
+    }
+
     /// Fails the connection with `error` (the first reason stays).
     fn fail(&self, error: WireError) {
         let error = self.failure.get_or_init(|| error).clone();
         self.outbox.close(&error);
         self.stop.cancel();
         let channels: Vec<_> = {
-            let mut channels = self.channels.lock().expect("channels lock");
+            let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
             channels.open.drain().map(|(_, shared)| shared).collect()
         };
         for shared in channels {
@@ -182,12 +224,12 @@ impl Inner {
     }
 
     fn channel(&self, id: u16) -> Option<Arc<ChannelShared>> {
-        let channels = self.channels.lock().expect("channels lock");
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         channels.open.get(&id).cloned()
     }
 
     fn forget_channel(&self, id: u16) {
-        let mut channels = self.channels.lock().expect("channels lock");
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         channels.open.remove(&id);
     }
 
@@ -248,29 +290,48 @@ impl Connection {
     /// Connects to `url` as `name` (shown in the management UI), asking for a heartbeat
     /// every `heartbeat` (at most; `0` for none), and starts the reader and writer tasks on
     /// the current tokio runtime.
+    ///
+    /// Connecting (TCP, TLS and the AMQP handshake) takes at most the URL's
+    /// `connection_timeout` (milliseconds), or [`CONNECT_WITHIN`]: a peer that accepts the
+    /// socket and never answers fails the connect.
     pub async fn open(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
+        let within = connect_within(url);
+        tokio::time::timeout(within, Self::connect(url, name, heartbeat))
+            .await
+            .map_err(|_| {
+                WireError::io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer from the broker within {within:?} of connecting (the URL's connection_timeout)"
+                    ),
+                ))
+            })?
+    }
+
+    /// [`Connection::open`] without its deadline.
+    async fn connect(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
         let (stream, uri) = open_stream(url).await?;
         let heartbeat = u16::try_from(heartbeat.as_secs()).unwrap_or(u16::MAX);
         let (bare, tuned, broker_version) = Bare::handshake(stream, &uri, name, heartbeat).await?;
         let (reads, writes) = bare.into_stream().split();
-        let inner = Arc::new(Inner {
-            outbox: Outbox::new(tuned.frame_max),
-            channels: Mutex::new(Channels {
-                open: HashMap::new(),
-                next: 1,
-            }),
-            failure: OnceLock::new(),
-            stop: CancellationToken::new(),
-            blocked: watch::Sender::new(None),
-            tuned,
-            broker_version,
-            opened: Instant::now(),
-            heard_at_ms: AtomicU64::new(0),
-        });
+        let inner = Arc::new(Inner::new(tuned, broker_version));
         let reading = inner.clone();
         tokio::spawn(async move {
-            let error =
-                reader::read_frames(&reading, BufReader::with_capacity(READ_BUFFER, reads)).await;
+            let read = reader::read_frames(&reading, BufReader::with_capacity(READ_BUFFER, reads));
+            // A panic while a frame is handled (in a caller's return handler, say) fails
+            // the connection with a reason, so that everything waiting on it is answered.
+            // A connection that ended here (dropped, failed) stops reading at once, even
+            // from a peer that keeps the socket open and says nothing.
+            let error = tokio::select! {
+                read = std::panic::AssertUnwindSafe(read).catch_unwind() => match read {
+                    Ok(error) => error,
+                    Err(panic) => WireError::Unexpected(format!(
+                        "the connection's reader panicked: {}",
+                        panic_text(panic.as_ref())
+                    )),
+                },
+                _ = reading.stop.cancelled() => WireError::ConnectionClosed,
+            };
             reading.fail(error);
         });
         let writing = inner.clone();
@@ -295,7 +356,11 @@ impl Connection {
     /// Opens a channel.
     pub async fn open_channel(&self) -> Result<Channel, WireError> {
         let shared = {
-            let mut channels = self.inner.channels.lock().expect("channels lock");
+            let mut channels = self
+                .inner
+                .channels
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             if let Some(error) = self.inner.error() {
                 return Err(error);
             }
@@ -382,6 +447,25 @@ impl Connection {
     }
 }
 
+/// How long connecting may take: the URL's `connection_timeout` (milliseconds, as lapin
+/// reads it), or [`CONNECT_WITHIN`]. A URL that does not parse fails later, saying why.
+fn connect_within(url: &BrokerUrl) -> Duration {
+    url.expose()
+        .parse::<lapin::uri::AMQPUri>()
+        .ok()
+        .and_then(|uri| uri.query.connection_timeout)
+        .map_or(CONNECT_WITHIN, Duration::from_millis)
+}
+
+/// What a panic said, when it said it with a string.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 /// Sends a heartbeat every half `interval` and fails the connection after two intervals
 /// with nothing from the broker.
 async fn beat(inner: Arc<Inner>, interval: Duration) {
@@ -400,5 +484,86 @@ async fn beat(inner: Arc<Inner>, interval: Duration) {
             frames.heartbeat();
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A connection's shared state with no socket behind it, frames of at most 4 KiB, and
+    /// channel 1 open.
+    fn detached() -> Inner {
+        let tuned = Tuned {
+            frame_max: 4096,
+            channel_max: 16,
+            heartbeat: 0,
+        };
+        let inner = Inner::new(tuned, None);
+        inner
+            .channels
+            .lock()
+            .unwrap()
+            .open
+            .insert(1, Arc::new(ChannelShared::new(1)));
+        inner
+    }
+
+    /// Reads `bytes` as what the broker sent: the reader ends with an error (at the latest
+    /// at the end of the bytes), and nothing panics.
+    fn read_all(bytes: &[u8]) -> WireError {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let inner = detached();
+        runtime.block_on(reader::read_frames(&inner, futures::io::Cursor::new(bytes)))
+    }
+
+    /// Well-framed frames of any type on channels 0 to 2, with any payload: past the
+    /// framing, into the parsers and the channels.
+    fn frames() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(
+            (0u8..=9, 0u16..=2, prop::collection::vec(any::<u8>(), 0..96)),
+            0..24,
+        )
+        .prop_map(|frames| {
+            let mut bytes = Vec::new();
+            for (kind, channel, payload) in frames {
+                bytes.push(kind);
+                bytes.extend_from_slice(&channel.to_be_bytes());
+                bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+                bytes.extend_from_slice(&payload);
+                bytes.push(FRAME_END);
+            }
+            bytes
+        })
+    }
+
+    /// A frame announcing more than `frame_max` is refused before anything is allocated
+    /// for it.
+    #[test]
+    fn a_frame_over_frame_max_is_refused_before_it_is_read() {
+        let mut bytes = vec![FRAME_BODY, 0, 1];
+        bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+        let error = read_all(&bytes);
+        assert!(error.to_string().contains("frame_max"), "{error}");
+    }
+
+    proptest! {
+        /// Any bytes at all: an error, never a panic (and every allocation bounded by
+        /// `frame_max` and a body's first mebibyte).
+        #[test]
+        fn the_reader_survives_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = read_all(&bytes);
+        }
+
+        /// Any well-framed frames: an error, never a panic.
+        #[test]
+        fn the_reader_survives_any_frames(bytes in frames()) {
+            let _ = read_all(&bytes);
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! is queued and writes it in one go. So the frames of many publishes and acks made in one
 //! turn of the caller's tasks leave in one write, and no thread is woken for any of them.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use amq_protocol::frame::{AMQPFrame, WriteContext, gen_frame};
 use amq_protocol::protocol::basic::gen_properties;
@@ -56,7 +56,7 @@ impl Outbox {
         &self,
         write: impl FnOnce(&mut Frames<'_>) -> Result<(), WireError>,
     ) -> Result<(), WireError> {
-        let mut queued = self.queued.lock().expect("outbox lock");
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(error) = &queued.closed {
             return Err(error.clone());
         }
@@ -74,7 +74,7 @@ impl Outbox {
 
     /// Takes no more frames: every later [`Outbox::send`] fails with `error`.
     pub(super) fn close(&self, error: &WireError) {
-        let mut queued = self.queued.lock().expect("outbox lock");
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
         queued.closed.get_or_insert_with(|| error.clone());
         queued.bytes.clear();
     }
@@ -93,7 +93,7 @@ impl Outbox {
                 _ = self.ready.notified() => {}
             }
             {
-                let mut queued = self.queued.lock().expect("outbox lock");
+                let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
                 std::mem::swap(&mut queued.bytes, &mut writing);
             }
             if writing.is_empty() {
@@ -140,8 +140,15 @@ impl Frames<'_> {
         let written = gen_properties(properties)(WriteContext::from(bytes))
             .map_err(|e| WireError::Unexpected(format!("encoding properties: {e:?}")))?;
         *self.bytes = written.write;
-        let size = (self.bytes.len() - start - 7) as u32;
-        self.bytes[start + 3..start + 7].copy_from_slice(&size.to_be_bytes());
+        let size = self.bytes.len() - start - 7;
+        if size + FRAME_OVERHEAD > self.frame_max {
+            self.bytes.truncate(start);
+            return Err(WireError::HeaderTooLarge {
+                header: size + FRAME_OVERHEAD,
+                frame_max: self.frame_max,
+            });
+        }
+        self.bytes[start + 3..start + 7].copy_from_slice(&(size as u32).to_be_bytes());
         self.bytes.push(super::FRAME_END);
         let chunk = self.frame_max.saturating_sub(FRAME_OVERHEAD).max(1);
         for part in body.chunks(chunk) {
@@ -167,5 +174,97 @@ impl Frames<'_> {
             .map_err(|e| WireError::Unexpected(format!("encoding a frame: {e:?}")))?;
         *self.bytes = written.write;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use amq_protocol::types::{AMQPValue, FieldTable, LongString};
+
+    use super::*;
+
+    /// Properties whose headers hold `bytes` bytes of one long string.
+    fn with_headers_of(bytes: usize) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "big".into(),
+            AMQPValue::LongString(LongString::from(vec![b'x'; bytes])),
+        );
+        BasicProperties::default().with_headers(headers)
+    }
+
+    /// The contract's size of a content header frame (`contract::content_header_frame_len`,
+    /// which the bridge checks before it publishes, parking what does not fit) is the frame
+    /// written here: the two never disagree, so the outbox's refusal is never a bridge's.
+    #[test]
+    fn the_contracts_header_size_is_the_frame_written() {
+        let mut nested = FieldTable::default();
+        nested.insert("n".into(), AMQPValue::LongLongInt(-7));
+        let mut headers = FieldTable::default();
+        headers.insert("t".into(), AMQPValue::FieldTable(nested));
+        headers.insert("b".into(), AMQPValue::Boolean(true));
+        let cases = [
+            BasicProperties::default(),
+            with_headers_of(10),
+            with_headers_of(3000),
+            BasicProperties::default()
+                .with_message_id("m-1".into())
+                .with_timestamp(5)
+                .with_delivery_mode(2)
+                .with_expiration("60000".into())
+                .with_headers(headers),
+        ];
+        for properties in cases {
+            let mut bytes = Vec::new();
+            let mut frames = Frames {
+                bytes: &mut bytes,
+                frame_max: 1 << 20,
+            };
+            frames.content(1, &properties, b"").expect("encoded");
+            assert_eq!(
+                bytes.len(),
+                crate::contract::content_header_frame_len(&properties),
+                "{properties:?}"
+            );
+        }
+    }
+
+    /// A content header over `frame_max` is refused before anything is queued: the broker
+    /// closes the whole connection for one (501), which cost the typed client its only
+    /// connection for one oversized `schedule`.
+    #[test]
+    fn a_content_header_over_frame_max_is_refused_and_nothing_is_queued() {
+        let outbox = Outbox::new(4096);
+        let refused = outbox.send(|frames| {
+            frames.method(
+                1,
+                AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Publish(
+                    amq_protocol::protocol::basic::Publish {
+                        exchange: "x".into(),
+                        routing_key: "k".into(),
+                        mandatory: true,
+                        immediate: false,
+                    },
+                )),
+            )?;
+            frames.content(1, &with_headers_of(5000), b"body")
+        });
+        match refused {
+            Err(WireError::HeaderTooLarge { header, frame_max }) => {
+                assert!(header > 5000, "{header}");
+                assert_eq!(frame_max, 4096);
+            }
+            other => panic!("expected HeaderTooLarge, got {other:?}"),
+        }
+        assert!(
+            outbox.queued.lock().unwrap().bytes.is_empty(),
+            "nothing queued"
+        );
+        // A header that fits, with a body over several frames, goes.
+        outbox
+            .send(|frames| frames.content(1, &with_headers_of(3000), &[7; 10_000]))
+            .expect("a header within frame_max");
+        let queued = outbox.queued.lock().unwrap().bytes.len();
+        assert!(queued > 13_000, "{queued} bytes queued");
     }
 }
