@@ -2,7 +2,8 @@
 # The test command: brings up three brokers, RabbitMQ 3.x (the host's package, 127.0.0.1:5672),
 # 4.0 (Debian trixie's, 127.0.0.1:5673) and 4.3 (Debian sid's, 127.0.0.1:5674), the last two
 # with scripts/debian-broker.sh; checks formatting and lints, runs the unit tests and
-# doctests once and the integration suite against each broker, reporting each separately.
+# doctests once and the integration suite against each broker, reporting each separately;
+# checks and unit-tests the alerting rules with promtool (scripts/promtool.sh).
 # The benchmarks' smoke tests need the `bench` feature, so every test run here turns it on.
 # DELAY_BRIDGE_SKIP_RMQ4=1 skips the 4.0 run, DELAY_BRIDGE_SKIP_RMQ43=1 the 4.3 run (each is
 # then reported as skipped, not passed).
@@ -29,13 +30,25 @@ cargo clippy --all-targets --all-features -- -D warnings
 cargo clippy --lib --no-default-features -- -D warnings
 
 mkdir -p target
+# The alerting rules (ops/prometheus): valid, and their unit tests pass.
+echo "== promtool check rules, promtool test rules (ops/prometheus)"
+rules_status=passed
+set +e
+promtool=$(bash scripts/promtool.sh) &&
+  "$promtool" check rules ops/prometheus/delay-bridge-alerts.yml &&
+  (cd ops/prometheus && "$promtool" test rules delay-bridge-alerts.test.yml)
+rc=$?
+set -e
+[ "$rc" -eq 0 ] || rules_status=FAILED
+
 # passed failed, summed over the `test result:` lines of a log
 count() {
   awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
        END { printf "%d %d\n", p, f }' "$1"
 }
-summary=()
+summary=("Alerting rules (promtool check rules, test rules): $rules_status")
 status=0
+[ "$rules_status" = passed ] || status=1
 
 version3=$(rabbitmqctl -q version 2>/dev/null || echo "3.x")
 echo "== cargo test: unit tests, doctests, and the integration suite against RabbitMQ $version3 (127.0.0.1:5672)"

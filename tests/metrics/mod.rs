@@ -2,6 +2,7 @@
 //! Prometheus text whose values match known traffic, and `/readyz` tells not-ready from
 //! ready.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,41 @@ fn sample(text: &str, series: &str) -> Option<f64> {
             let (name, value) = line.rsplit_once(' ')?;
             (name == series).then(|| value.parse().ok())?
         })
+}
+
+/// The metric names of a scrape: each series' name (a histogram's `_bucket`, `_sum` and
+/// `_count`), and a histogram's own name.
+fn scraped_names(text: &str) -> BTreeSet<String> {
+    let series: BTreeSet<String> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect();
+    let histograms: Vec<String> = series
+        .iter()
+        .filter_map(|name| name.strip_suffix("_bucket"))
+        .map(str::to_string)
+        .collect();
+    series.into_iter().chain(histograms).collect()
+}
+
+/// Every `delay_bridge_*` name in `file` of the repository (a dashboard, alerting rules or
+/// their tests), as written: a histogram's with its `_bucket`, `_sum` or `_count`.
+fn queried_metric_names(file: &str) -> BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut names = BTreeSet::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("delay_bridge_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
 }
 
 async fn get(url: &str) -> (u16, String) {
@@ -189,6 +225,22 @@ async fn the_daemon_serves_metrics_that_count_known_traffic() {
         value(r#"delay_bridge_pending_due_messages{le="+Inf"}"#),
         5.0
     );
+
+    // The dashboard and the alerting rules query only what the bridge exports.
+    let exported = scraped_names(&text);
+    for file in [
+        "ops/grafana/delay-bridge.json",
+        "ops/prometheus/delay-bridge-alerts.yml",
+        "ops/prometheus/delay-bridge-alerts.test.yml",
+    ] {
+        let queried = queried_metric_names(file);
+        assert!(queried.len() >= 3, "{file} queries {queried:?}");
+        let unknown: Vec<&String> = queried.difference(&exported).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics the bridge does not export: {unknown:?}\n{text}"
+        );
+    }
 
     // `delay-bridge health --ready`, as a container health check runs it, asks the same
     // listener; once the bridge stopped it fails.
