@@ -268,6 +268,28 @@ async fn after_a_burst_of_bundles_both_windows_widen_back_to_prefetch() {
     w.cleanup().await;
 }
 
+/// A bridge bundling in 100-ms windows (levels 1 s and 2 s), whose target copies each message
+/// to 15 queues besides its own, so that the broker, not the bridge, sets the pace (as a
+/// busy broker does in production).
+async fn busy_bundling_world(name: &str) -> World {
+    const FANOUT: usize = 15;
+    let mut w = World::start(Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(100)),
+        bundle_hops: Some(true),
+        prefetch: 1000,
+        ..Setup::new(name)
+    })
+    .await;
+    let target = w.sandbox.target.clone();
+    for copy in 0..FANOUT {
+        let queue = format!("{}.copy-{copy}", w.sandbox.prefix());
+        w.declare_bound_queue(&queue, &target, "rk.#").await;
+    }
+    w
+}
+
 /// A bundling bridge takes a burst of 8 000 messages due at one instant; from that
 /// instant on, one message every 10 ms, each due a moment after it is published, until the
 /// whole burst arrived. They pass the burst: the messages of bundles publish to their
@@ -281,23 +303,7 @@ async fn after_a_burst_of_bundles_both_windows_widen_back_to_prefetch() {
 async fn messages_due_after_a_burst_pass_it() {
     const BURST: usize = 8_000;
     const MOST_LATER: usize = 500;
-    const FANOUT: usize = 15;
-    let mut w = World::start(Setup {
-        ladder: "1s 2s",
-        margin: Duration::from_millis(100),
-        hop_window: Some(Duration::from_millis(100)),
-        bundle_hops: Some(true),
-        prefetch: 1000,
-        ..Setup::new("flow-pass")
-    })
-    .await;
-    // The target copies each message to this many queues besides its own, so that the
-    // broker, not the bridge, sets the pace (as a busy broker does in production).
-    let target = w.sandbox.target.clone();
-    for copy in 0..FANOUT {
-        let queue = format!("{}.copy-{copy}", w.sandbox.prefix());
-        w.declare_bound_queue(&queue, &target, "rk.#").await;
-    }
+    let mut w = busy_bundling_world("flow-pass").await;
     let due = now_ms() + 3_000;
     publish_burst(&w, BURST, &[b'b'; 16], due).await;
     // The later messages, each due 5 ms after it is published (below every level: the
@@ -389,21 +395,7 @@ async fn messages_due_after_a_burst_in_its_bundles_pass_it() {
     const BURST: usize = 8_000;
     const EVERY: usize = 100;
     const LATER: usize = BURST / EVERY;
-    const FANOUT: usize = 15;
-    let mut w = World::start(Setup {
-        ladder: "1s 2s",
-        margin: Duration::from_millis(100),
-        hop_window: Some(Duration::from_millis(100)),
-        bundle_hops: Some(true),
-        prefetch: 1000,
-        ..Setup::new("flow-pass-bundled")
-    })
-    .await;
-    let target = w.sandbox.target.clone();
-    for copy in 0..FANOUT {
-        let queue = format!("{}.copy-{copy}", w.sandbox.prefix());
-        w.declare_bound_queue(&queue, &target, "rk.#").await;
-    }
+    let mut w = busy_bundling_world("flow-pass-bundled").await;
     let due = now_ms() + 3_000;
     // After every EVERY-th burst message one later message, due 20-40 ms after the
     // burst's instant.
