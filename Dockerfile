@@ -6,10 +6,13 @@
 # image's gcc builds aws-lc for rustls.
 FROM rust:1-bookworm AS build
 WORKDIR /src
+# The workspace's manifest names bench/ as a member: cargo reads it even to build only
+# the daemon.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY bench ./bench
 COPY config ./config
-RUN cargo build --release --locked --bin delay-bridge
+RUN cargo build --release --locked -p delay-bridge --bin delay-bridge
 
 # Run stage: the binary, CA certificates for amqps://, and an unprivileged user.
 FROM debian:bookworm-slim

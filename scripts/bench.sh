@@ -28,8 +28,8 @@
 #                                      # measured on this machine before the first change for
 #                                      # it (docs/performance.md: the commit and how). Without
 #                                      # it, the first reference machine's figure is the base.
-# The benchmarks are their own binary, built with `--features bench` (the daemon's default
-# build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
+# The benchmarks are their own package (`bench/`, a workspace member with its own
+# dependencies; the daemon's build has none of it). Extra arguments for one scenario: run the binary directly, e.g.
 #   target/release/delay-bridge-bench steady --rate 1000 --seconds 30
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,10 +37,9 @@ cd "$(dirname "$0")/.."
 runs=${BENCH_RUNS:-3}
 brokers=${BENCH_BROKERS:-3 4}
 scenarios=("$@")
-# `ladder` is pure computation: its figures do not vary between runs or brokers.
-[ ${#scenarios[@]} -eq 0 ] && scenarios=(baseline hop burst steady intake capacity pending cancel-horizon tombstones client-relay)
+[ ${#scenarios[@]} -eq 0 ] && scenarios=(baseline hop burst steady intake capacity pending cancel-horizon tombstones)
 
-cargo build --release --quiet --features bench
+cargo build --release --quiet --workspace
 bench=./target/release/delay-bridge-bench
 label=
 if [ -n "${BENCH_BUNDLE_WINDOW:-}" ]; then

@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 bash scripts/broker.sh
-cargo build --release --quiet --features bench
+cargo build --release --quiet --workspace
 reports=target/faults
 if [ "${CLUSTER_BROKER:-3}" = 4 ]; then
   export CLUSTER_BROKER

@@ -32,7 +32,7 @@ case $broker in
   4) bash scripts/debian-broker.sh trixie start >&2; url="amqp://guest:guest@127.0.0.1:5673/%2f"; ctl=(bash scripts/debian-broker.sh trixie ctl) ;;
 esac
 command -v perf >/dev/null || { echo "profile.sh: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
-cargo build --release --quiet --features bench
+cargo build --release --quiet --workspace
 
 broker_pid=$("${ctl[@]}" eval 'list_to_integer(os:getpid()).' | tr -dc 0-9)
 log=$(mktemp)

@@ -21,13 +21,13 @@ fi
 DELAY_BRIDGE_PYTHON=$(bash scripts/python-env.sh)
 export DELAY_BRIDGE_PYTHON
 
-echo "== cargo fmt --check"
-cargo fmt --check
-echo "== cargo clippy --all-targets [--all-features], --lib --no-default-features -- -D warnings"
-cargo clippy --all-targets -- -D warnings
-cargo clippy --all-targets --all-features -- -D warnings
+echo "== cargo fmt --all --check"
+cargo fmt --all --check
+echo "== cargo clippy --workspace --all-targets [--all-features], -p delay-bridge --lib --no-default-features -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 # What a library user compiles: no CLI, no sandbox, no benchmarks.
-cargo clippy --lib --no-default-features -- -D warnings
+cargo clippy -p delay-bridge --lib --no-default-features -- -D warnings
 
 mkdir -p target
 # The alerting rules (ops/prometheus): valid, and their unit tests pass.
@@ -55,7 +55,7 @@ echo "== cargo test: unit tests, doctests, and the integration suite against Rab
 log3=target/test-output-rabbitmq3.log
 start=$SECONDS
 set +e
-cargo test --features bench 2>&1 | tee "$log3"
+cargo test --workspace 2>&1 | tee "$log3"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" -eq 0 ] || status=1
@@ -69,7 +69,7 @@ p4=0 f4=0
 run_debian_broker() {
   local suite=$1 port=$2 management=$3 tls=$4 version log rc p f
   version=$(bash scripts/debian-broker.sh "$suite" ctl version 2>/dev/null || echo "($suite)")
-  echo "== cargo test --lib --test integration --test alarm --test size_limit --test tls against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
+  echo "== cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
   log=target/test-output-rabbitmq-$suite.log
   start=$SECONDS
   set +e
@@ -77,7 +77,7 @@ run_debian_broker() {
     DELAY_BRIDGE_TEST_CTL="bash scripts/debian-broker.sh $suite ctl" \
     DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:$management" \
     DELAY_BRIDGE_TEST_TLS_BROKER="scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
-    cargo test --features bench --lib --test integration --test alarm --test size_limit --test tls 2>&1 | tee "$log"
+    cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
   [ "$rc" -eq 0 ] || status=1

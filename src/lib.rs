@@ -48,8 +48,8 @@
 //! - `sandbox`: a throw-away topology and bridge, in process or as a `delay-bridge run`
 //!   child process; queue counts and watchers.
 //!
-//! The `delay-bridge` command (feature `cli`, on by default) and the `delay-bridge-bench`
-//! benchmarks (feature `bench`) live in `src/bin/`.
+//! The `delay-bridge` command (feature `cli`, on by default) lives in `src/bin/`; the
+//! `delay-bridge-bench` benchmarks are a package of their own in the workspace (`bench/`).
 
 #![warn(missing_docs)]
 

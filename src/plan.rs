@@ -158,6 +158,21 @@ mod tests {
         assert_eq!(stats.worst, 4);
     }
 
+    /// The default ladder's promise (README, "How it works"): at most 4 hops up to 30 days,
+    /// at most 4 on average, with the default margin.
+    #[test]
+    fn the_default_ladder_takes_at_most_four_hops_up_to_thirty_days() {
+        let stats = hop_stats(
+            &Ladder::default_ladder(),
+            crate::config::defaults::MARGIN,
+            Duration::from_secs(1),
+            Duration::from_secs(30 * 86_400),
+            20_000,
+        );
+        assert!(stats.mean <= 4.0, "mean {}", stats.mean);
+        assert_eq!(stats.worst, 4);
+    }
+
     fn ladder_strategy() -> impl Strategy<Value = Ladder> {
         prop::collection::btree_set(1u64..5_000_000, 1..12).prop_map(|set| {
             Ladder::new(set.into_iter().map(Duration::from_millis).collect()).unwrap()

@@ -1,15 +1,9 @@
 //! End-to-end tests against the real broker. Each test has its own prefixed topology and
 //! deletes it; waits are on events with deadlines.
 
-#[cfg(feature = "bench")]
-mod bench;
 mod bundles;
 mod cancel;
-#[cfg(feature = "bench")]
-mod client_candidate;
 mod delivery;
-#[cfg(feature = "bench")]
-mod fault_suite;
 mod faults;
 mod flow;
 mod hostile;

@@ -1,5 +1,5 @@
 //! AMQP plumbing: connecting (password never shown), a queue's depth, the one confirmed
-//! publish path ([`publisher::Publisher`]), and the project's own connection ([`wire`]),
+//! publish path (`publisher::Publisher`), and the project's own connection ([`wire`]),
 //! on which the bridge consumes the work queue and every confirmed publish goes.
 
 pub mod bare;

@@ -3,7 +3,7 @@
 //! With `bridge.bundle_hops` the bridge publishes the messages that hop into the same level
 //! in the same `bridge.hop_window` as one persistent message, so the broker stores, expires,
 //! dead-letters, delivers and acks one message where it did each of them once per message.
-//! A bundle's header [`header::BUNDLE`](super::header::BUNDLE) says how many messages it
+//! A bundle's header [`super::header::BUNDLE`] says how many messages it
 //! carries; its body is [`FORMAT`], then for each message the length and bytes of its
 //! properties (as in an AMQP content header: flags, then the properties) and the length and
 //! bytes of its body, lengths as 32-bit big-endian integers. Each message's properties are
@@ -70,7 +70,7 @@ pub fn bundle_properties(count: usize) -> BasicProperties {
 }
 
 /// True when a delivery with these properties is a bundle (it carries
-/// [`header::BUNDLE`](super::header::BUNDLE)). Only a delivery that came back through the
+/// [`super::header::BUNDLE`]). Only a delivery that came back through the
 /// work exchange is read as one: on a publisher's message the header is just a header.
 pub fn is_bundle(properties: &BasicProperties) -> bool {
     properties

@@ -49,7 +49,7 @@ pub async fn set_aside_unreadable(config: &Config) -> Result<u64, SweepError> {
 /// [`act`] on `config`'s parked queue over a connection of its own. When the AMQP client
 /// fails on a message it cannot read (which [`act`] meets before it does anything), sets
 /// such messages aside ([`set_aside_unreadable`]) and starts again on a new connection, up
-/// to [`ATTEMPTS`] times.
+/// to three times.
 pub async fn act_at(
     config: &Config,
     action: Action,

@@ -408,7 +408,7 @@ async fn client_errors_are_typed_and_say_what_to_do() {
 /// Runs a `delay-bridge` command against the world's config; panics with its output on failure.
 async fn cli(config: &ConfigFile, args: &[&str]) -> String {
     let out = config
-        .command(bridge_exe())
+        .command(&bridge_exe())
         .args(args)
         .output()
         .await
@@ -459,7 +459,7 @@ async fn the_cli_schedules_reschedules_and_cancels() {
     )
     .await;
     let refused = config
-        .command(bridge_exe())
+        .command(&bridge_exe())
         .args(["reschedule", "cli-moved", "-k", "rk.cli", "--delay", "400d"])
         .output()
         .await

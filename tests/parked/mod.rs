@@ -195,7 +195,7 @@ async fn a_replay_killed_midway_loses_nothing() {
     route_nobody_to_the_target(&w).await;
     let config = w.config_file(4000);
     let limit = N.to_string();
-    let mut replay = config.command(bridge_exe());
+    let mut replay = config.command(&bridge_exe());
     replay
         .args(["parked", "replay", "--limit", &limit])
         .stdout(Stdio::null())

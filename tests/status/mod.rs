@@ -204,7 +204,7 @@ async fn status_and_parked_for_a_prefix_no_bridge_declared_say_what_to_check() {
         (&["parked", "list"][..], format!("`{never}.parked`")),
     ] {
         let out = config
-            .command(bridge_exe())
+            .command(&bridge_exe())
             .args(args)
             .output()
             .await

@@ -494,16 +494,28 @@ pub fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
-/// The `delay-bridge` executable Cargo built for these tests.
-pub fn bridge_exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_delay-bridge"))
+/// The `delay-bridge` executable Cargo built for these tests: its own when the tests are
+/// the daemon's, else (the bench's smoke tests, another package of the workspace) the one
+/// the workspace built into the same target directory, beside `deps/`.
+pub fn bridge_exe() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_delay-bridge") {
+        Some(exe) => PathBuf::from(exe),
+        None => {
+            let test = std::env::current_exe().expect("the test executable's path");
+            let profile_dir = test
+                .parent()
+                .and_then(Path::parent)
+                .expect("a test executable in <target>/<profile>/deps");
+            profile_dir.join(format!("delay-bridge{}", std::env::consts::EXE_SUFFIX))
+        }
+    }
 }
 
 /// Runs `delay-bridge <args>` to its end on `config` (the broker URL in its environment):
 /// whether it succeeded, and its stdout. Its stderr goes to the test's output.
 pub async fn run_command(config: &ConfigFile, args: &[&str]) -> (bool, String) {
     let output = config
-        .command(bridge_exe())
+        .command(&bridge_exe())
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -520,7 +532,8 @@ pub async fn run_command(config: &ConfigFile, args: &[&str]) -> (bool, String) {
 
 /// Starts `delay-bridge run` on `config`, warnings only, to the test's stderr.
 pub fn spawn_process(config: &ConfigFile) -> BridgeProcess {
-    BridgeProcess::spawn(bridge_exe(), config, &ProcessLog::warnings()).expect("spawn delay-bridge")
+    BridgeProcess::spawn(&bridge_exe(), config, &ProcessLog::warnings())
+        .expect("spawn delay-bridge")
 }
 
 /// As `spawn_process`, with `RUST_LOG` = `rust_log` (`None`: unset, the binary's default
@@ -530,7 +543,7 @@ pub fn spawn_logging(config: &ConfigFile, rust_log: Option<&str>, log: &Path) ->
         rust_log: rust_log.map(Into::into),
         stderr: Some(PathBuf::from(log)),
     };
-    BridgeProcess::spawn(bridge_exe(), config, &log).expect("spawn delay-bridge")
+    BridgeProcess::spawn(&bridge_exe(), config, &log).expect("spawn delay-bridge")
 }
 
 /// Waits until the work queue has `n` consumers.

@@ -1,8 +1,7 @@
-//! `delay-bridge-bench <scenario>`: measurements against the real broker, built with
-//! `--features bench` beside the `delay-bridge` executable it measures. Every broker
+//! `delay-bridge-bench <scenario>`: measurements against the real broker, a workspace
+//! member of its own (`bench/`), built beside the `delay-bridge` executable it measures. Every broker
 //! scenario first measures the broker's own ceiling (`baseline`) in the same run, with the
-//! same publisher and consumer, and prints its figures as ratios of it (`client-relay`
-//! instead sets two AMQP clients side by side in one run). Each scenario
+//! same publisher and consumer, and prints its figures as ratios of it. Each scenario
 //! prints a human table and then one JSON object (the last line of its output); each
 //! target of the performance table (docs/performance.md) is printed as PASS or MISS next to its figure.
 //!
@@ -18,12 +17,10 @@ mod broker_process;
 mod burst;
 mod cancel_horizon;
 mod capacity;
-mod client_relay;
 mod cost;
 mod faults;
 mod hop;
 mod intake;
-mod ladder;
 mod load;
 mod measured_bridge;
 mod mixed;
@@ -35,7 +32,7 @@ mod spread;
 mod steady;
 mod tombstones;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -73,14 +70,11 @@ fn main() -> Result<()> {
         .init();
     let config = Config::load(&cli.config)
         .with_context(|| format!("invalid configuration {}", cli.config.display()))?;
-    if let Scenario::RelayChild(args) = &cli.scenario {
-        return client_relay::child_main(&config, args);
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(run(&config, &cli.config, &cli.scenario))
+        .block_on(run(&config, &cli.scenario))
 }
 
 /// The scenarios.
@@ -120,22 +114,12 @@ pub enum Scenario {
     /// Many long-delay messages pending in the levels: broker memory per pending message
     /// and the bridge's RSS as the count grows.
     Pending(pending::Args),
-    /// Mean and worst-case hops of every preset over [1 s, 30 d] and [1 s, 1 y] (pure
-    /// computation, no broker).
-    Ladder(ladder::Args),
     /// How long before deliver-at a confirmed cancel still wins: cancels are confirmed at
     /// decreasing lead times before their messages' due time; the table shows which won.
     CancelHorizon(cancel_horizon::Args),
     /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
     /// stream of `--count` tombstones, beside a start on an empty stream.
     Tombstones(tombstones::Args),
-    /// What the AMQP client costs: a paced stream relayed once (consume, publish with a
-    /// confirm, ack) by lapin and by amqprs in turn, each relay's CPU time per message
-    /// beside the broker's.
-    ClientRelay(client_relay::Args),
-    /// One relay of `client-relay`, in its own process (started by that scenario).
-    #[command(hide = true)]
-    RelayChild(client_relay::job::ChildArgs),
     /// Fault: the broker closes the bridge's connection every few seconds under load.
     ConnectionCuts(faults::connection_cuts::Args),
     /// Fault: two bridge processes, one SIGKILLed and restarted every few seconds.
@@ -153,7 +137,7 @@ pub enum Scenario {
 }
 
 /// Runs one scenario against the configured broker.
-async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<()> {
+async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
     match scenario {
         Scenario::Baseline(args) => baseline::run(base, args).await,
         Scenario::Steady(args) => steady::run(base, args).await,
@@ -165,7 +149,6 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::Mixed(args) => mixed::run(base, args).await,
         Scenario::Plugin(args) => plugin::run(base, args).await,
         Scenario::PluginMove(args) => plugin_move::run(base, args).await,
-        Scenario::Ladder(args) => ladder::run(base, args),
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
         Scenario::ConnectionCuts(args) => faults::connection_cuts::run(base, args).await,
@@ -173,8 +156,6 @@ async fn run(base: &Config, config_path: &Path, scenario: &Scenario) -> Result<(
         Scenario::NodeLoss(args) => faults::broker_loss::run(base, args, "node-loss").await,
         Scenario::BrokerCrash(args) => faults::broker_loss::run(base, args, "broker-crash").await,
         Scenario::Fuzz(args) => faults::fuzz::run(base, args).await,
-        Scenario::ClientRelay(args) => client_relay::run(base, config_path, args).await,
-        Scenario::RelayChild(_) => unreachable!("main runs a relay child on a runtime of its own"),
         Scenario::Spread(args) => spread::run(args),
     }
 }

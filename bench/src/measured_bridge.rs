@@ -36,7 +36,7 @@ pub fn bridge_executable() -> Result<PathBuf> {
     let bridge = bench.with_file_name("delay-bridge");
     if !bridge.exists() {
         bail!(
-            "{} is missing: build both with cargo build --release --features bench",
+            "{} is missing: build both with cargo build --release (the workspace builds both)",
             bridge.display()
         );
     }
