@@ -106,7 +106,8 @@ pub enum ClientError {
         "the broker refused the publish to `{exchange}` (nack); nothing was scheduled or cancelled"
     )]
     Refused {
-        /// The exchange published to ("" for the cancel stream).
+        /// The exchange published to (`<prefix>.cancel` for a cancel, "" before bridges
+        /// declared that exchange).
         exchange: String,
     },
     /// The body is larger than the broker's `max_message_size` (16 MiB by default on
@@ -124,7 +125,8 @@ pub enum ClientError {
         "the broker did not confirm the publish to `{exchange}` within {timeout:?}; it may or may not have been taken"
     )]
     Unconfirmed {
-        /// The exchange published to ("" for the cancel stream).
+        /// The exchange published to (`<prefix>.cancel` for a cancel, "" before bridges
+        /// declared that exchange).
         exchange: String,
         /// How long the client waited.
         timeout: Duration,
@@ -345,14 +347,18 @@ impl Client {
         let id = crate::cancel::message_id(message_id)?;
         let cancelled_at = now_ms();
         let stream = self.names.cancel_stream();
-        let outcome = self
-            .publish(
-                "",
-                &stream,
-                b"",
-                tombstone_properties(id, cancelled_at, due_at),
-            )
-            .await?;
+        let properties = tombstone_properties(id, cancelled_at, due_at);
+        // Through the cancel exchange; a bridge older than it declared none, and its
+        // stream takes the tombstone through the default exchange.
+        let outcome = match self
+            .publish(&self.names.cancel_exchange(), "", b"", properties.clone())
+            .await
+        {
+            Err(ClientError::ExchangeMissing { .. }) => {
+                self.publish("", &stream, b"", properties).await?
+            }
+            outcome => outcome?,
+        };
         match outcome {
             Published::Routed => Ok(Cancelled {
                 message_id: message_id.to_string(),
@@ -363,7 +369,7 @@ impl Client {
                 prefix: self.names.prefix().to_string(),
             }),
             Published::Nacked => Err(ClientError::Refused {
-                exchange: String::new(),
+                exchange: self.names.cancel_exchange(),
             }),
         }
     }

@@ -1033,12 +1033,16 @@ impl RawConfig {
                     "the target cannot be the route's own ingress exchange",
                 ));
             }
-            let own = [names.work_exchange(), names.parked_exchange()];
+            let own = [
+                names.work_exchange(),
+                names.parked_exchange(),
+                names.cancel_exchange(),
+            ];
             if own.contains(&ingress) || own.contains(&target) {
                 return Err(invalid(
                     &format!("route[{i}]"),
                     format!("{ingress} -> {target}"),
-                    "a route cannot use the bridge's own work or parked exchange",
+                    "a route cannot use the bridge's own work, parked or cancel exchange",
                 ));
             }
             if routes.iter().any(|r: &Route| r.ingress == ingress) {

@@ -34,6 +34,8 @@
 //! - [`parked`]: the parked queue: its messages described, selected, listed, replayed
 //!   through the work exchange or purged.
 //! - [`status`]: what the topology holds now, queue by queue.
+//! - [`permissions`]: each role's least-privilege permissions (`rabbitmqctl
+//!   set_permissions` patterns), from the configuration.
 //!
 //! The service and its client:
 //! - [`bridge`]: [`bridge::Bridge`]: reconnects; each session consumes, acks and drains;
@@ -65,6 +67,7 @@ pub mod management;
 pub mod naming;
 pub mod parked;
 pub mod pending;
+pub mod permissions;
 pub mod plan;
 pub mod status;
 pub mod topology;

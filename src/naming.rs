@@ -61,6 +61,13 @@ impl Names {
         format!("{}.cancel", self.prefix)
     }
 
+    /// The fanout exchange cancellers publish tombstones to (`<prefix>.cancel`, bound to
+    /// the cancel stream of the same name): a canceller needs write permission on it
+    /// alone, not on the default exchange, through which anyone could write into a level.
+    pub fn cancel_exchange(&self) -> String {
+        format!("{}.cancel", self.prefix)
+    }
+
     /// The longest name this prefix produces for the given levels, in bytes.
     pub fn longest_name_len<'a>(&self, levels: impl IntoIterator<Item = &'a Duration>) -> usize {
         levels

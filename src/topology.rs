@@ -40,15 +40,18 @@ pub struct QueueSpec {
 /// What the bridge declares, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
-    /// Exchanges the bridge owns (work, parked, ingress), in declaration order; fanout but
-    /// for those in `headers_exchanges`.
+    /// Exchanges the bridge owns (work, parked, cancel, ingress), in declaration order;
+    /// fanout but for those in `headers_exchanges`.
     pub exchanges: Vec<String>,
     /// The ingress exchanges of type `headers` (`route.ingress_type`).
     pub headers_exchanges: Vec<String>,
     /// Queues in declaration order: work, parked, returns, then the levels.
     pub queues: Vec<QueueSpec>,
-    /// The cancel stream (a stream queue, retention `max_delay + cancel.grace`).
+    /// The cancel stream (a stream queue, retention `max_delay + cancel.grace`), bound
+    /// to the cancel exchange once declared.
     pub cancel_stream: QueueSpec,
+    /// The exchange cancellers publish to (one of `exchanges`), bound to the cancel stream.
+    pub cancel_exchange: String,
     /// (queue, exchange) bindings; fanout, so the routing key is empty.
     pub bindings: Vec<(String, String)>,
     /// (queue, exchange) bindings an older bridge made that this one removes, once
@@ -159,7 +162,11 @@ impl Topology {
     pub fn from_config(config: &Config) -> Self {
         let names = &config.names;
         let quorum = config.queue_type == QueueType::Quorum;
-        let mut exchanges = vec![names.work_exchange(), names.parked_exchange()];
+        let mut exchanges = vec![
+            names.work_exchange(),
+            names.parked_exchange(),
+            names.cancel_exchange(),
+        ];
         exchanges.extend(config.routes.iter().map(|r| r.ingress.clone()));
         let headers_exchanges = config
             .routes
@@ -258,6 +265,7 @@ impl Topology {
             headers_exchanges,
             queues,
             cancel_stream,
+            cancel_exchange: names.cancel_exchange(),
             bindings,
             unbindings: vec![(names.work_queue(), names.work_exchange())],
         }
@@ -291,6 +299,7 @@ impl Topology {
             unbind(&channel, queue, exchange).await?;
         }
         declare_queue(connection, &mut channel, &self.cancel_stream).await?;
+        bind(&channel, &self.cancel_stream.name, &self.cancel_exchange).await?;
         for queue in &self.queues[BOUND_QUEUES..] {
             declare_queue(connection, &mut channel, queue).await?;
         }
@@ -485,7 +494,8 @@ mod tests {
     #[test]
     fn classic_levels_dead_letter_to_work_and_never_expire() {
         let t = Topology::from_config(&config("classic"));
-        assert_eq!(t.exchanges, vec!["p.work", "p.parked", "in"]);
+        assert_eq!(t.exchanges, vec!["p.work", "p.parked", "p.cancel", "in"]);
+        assert_eq!(t.cancel_exchange, "p.cancel");
         let names: Vec<&str> = t.queues.iter().map(|q| q.name.as_str()).collect();
         assert_eq!(
             names,

@@ -12,6 +12,7 @@ mod logs;
 mod metrics;
 mod no_loss;
 mod parked;
+mod permissions;
 mod refusals;
 mod status;
 mod stuck_levels;

@@ -11,42 +11,13 @@ use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
-/// A broker user of the test's own, removed when dropped.
-struct TestUser {
-    name: String,
-}
-
-impl TestUser {
-    fn create(name: &str, password: &str) -> TestUser {
-        for args in [
-            vec!["add_user", name, password],
-            vec!["set_permissions", "-p", "/", name, ".*", ".*", ".*"],
-        ] {
-            let out = rabbitmqctl()
-                .args(&args)
-                .output()
-                .expect("rabbitmqctl runs");
-            assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
-        }
-        TestUser { name: name.into() }
-    }
-}
-
-impl Drop for TestUser {
-    fn drop(&mut self) {
-        let _ = rabbitmqctl().args(["delete_user", &self.name]).output();
-    }
-}
-
 #[tokio::test]
 async fn logs_leak_neither_bodies_nor_header_values_nor_the_password() {
     let mut w = World::without_bridge("logs").await;
     let tag = format!("{:08x}", rand::random::<u32>());
     let (user, password) = (format!("logs-{tag}"), format!("pw-SECRET-{tag}"));
-    let _user = TestUser::create(&user, &password);
-    let url = broker_url();
-    let with_user = url.replacen("guest:guest@", &format!("{user}:{password}@"), 1);
-    assert_ne!(url, with_user, "the test broker URL has guest:guest");
+    let test_user = TestUser::create(&user, &password, [".*", ".*", ".*"]);
+    let with_user = test_user.url(&password);
     let config = w.config_file_with(|config| {
         config.urls = vec![BrokerUrl::parse(&with_user).expect("a URL")];
     });

@@ -565,6 +565,43 @@ pub fn rabbitmqctl() -> std::process::Command {
     command
 }
 
+/// A broker user of the test's own with `permissions` (configure, write, read) on `/`,
+/// removed when dropped.
+pub struct TestUser {
+    name: String,
+}
+
+impl TestUser {
+    pub fn create(name: &str, password: &str, permissions: [&str; 3]) -> TestUser {
+        let [configure, write, read] = permissions;
+        for args in [
+            vec!["add_user", name, password],
+            vec!["set_permissions", "-p", "/", name, configure, write, read],
+        ] {
+            let out = rabbitmqctl()
+                .args(&args)
+                .output()
+                .expect("rabbitmqctl runs");
+            assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+        }
+        TestUser { name: name.into() }
+    }
+
+    /// The test broker's URL with this user's name and `password` in place of guest's.
+    pub fn url(&self, password: &str) -> String {
+        let url = broker_url();
+        let with_user = url.replacen("guest:guest@", &format!("{}:{password}@", self.name), 1);
+        assert_ne!(url, with_user, "the test broker URL has guest:guest");
+        with_user
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = rabbitmqctl().args(["delete_user", &self.name]).output();
+    }
+}
+
 /// Makes the broker close every connection whose client-provided name contains `name`
 /// (needs `rabbitmqctl` and the broker's Erlang cookie, i.e. root on a local broker).
 /// Returns how many it closed.

@@ -19,6 +19,7 @@ mod demo;
 mod error_report;
 mod health;
 mod parked_cmd;
+mod permissions_cmd;
 mod plan_cmd;
 mod schedule_cmd;
 mod status_cmd;
@@ -87,6 +88,9 @@ enum Command {
     /// selects.
     #[command(subcommand)]
     Parked(parked_cmd::ParkedCommand),
+    /// Print the least-privilege permissions of the bridge's user, publishers, cancellers
+    /// and operators for this configuration, as `rabbitmqctl set_permissions` commands.
+    Permissions,
     /// Ask a running bridge's listener (`metrics.listen`) whether it is alive (`/healthz`),
     /// or with `--ready` whether it is ready (`/readyz`); exits 0 if so, 1 if not. For
     /// container health checks: the image needs no HTTP client.
@@ -234,6 +238,10 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         (Command::Status(args), Some(config)) => {
             runtime()?.block_on(status_cmd::status(&config, args))
+        }
+        (Command::Permissions, Some(config)) => {
+            print!("{}", permissions_cmd::render(&config));
+            Ok(())
         }
         (Command::Health { ready }, Some(config)) => {
             runtime()?.block_on(health::check(&config, *ready))
