@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::contract::signature::{MIN_KEY_BYTES, StateKeys};
 use crate::ladder::{Ladder, LadderError, format_duration};
 use crate::naming::Names;
 
@@ -24,6 +25,10 @@ pub const ENV_PREFIX: &str = "DELAY_BRIDGE_PREFIX";
 pub const ENV_METRICS_LISTEN: &str = "DELAY_BRIDGE_METRICS_LISTEN";
 /// Environment variable that overrides `log.format`.
 pub const ENV_LOG_FORMAT: &str = "DELAY_BRIDGE_LOG_FORMAT";
+/// The key the bridge state is signed with (wins over `bridge.state_key_file`).
+pub const ENV_STATE_KEY: &str = "DELAY_BRIDGE_STATE_KEY";
+/// The previous key, still accepted (wins over `bridge.state_key_previous_file`).
+pub const ENV_STATE_KEY_PREVIOUS: &str = "DELAY_BRIDGE_STATE_KEY_PREVIOUS";
 
 /// The default broker URL.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -241,6 +246,22 @@ pub struct RawBridge {
     pub bundle_hops: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_unacked_bytes: Option<u64>,
+    /// A file holding the key the bridge state is signed with (`contract::signature`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_key_file: Option<PathBuf>,
+    /// A file holding the previous key, still accepted while a new one is rolled out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_key_previous_file: Option<PathBuf>,
+    /// Accept copies with no signature (while a key is introduced on a running system).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accept_unsigned_state: Option<bool>,
+    /// The key itself, from `DELAY_BRIDGE_STATE_KEY` only: never read from or written to
+    /// a file.
+    #[serde(skip)]
+    pub state_key: Option<String>,
+    /// The previous key, from `DELAY_BRIDGE_STATE_KEY_PREVIOUS` only.
+    #[serde(skip)]
+    pub state_key_previous: Option<String>,
 }
 
 /// `[cancel]`
@@ -695,6 +716,14 @@ pub struct Config {
     /// queue's half, it stops consuming that queue until half of the half is settled
     /// (besides `prefetch`, which counts messages).
     pub max_unacked_bytes: u64,
+    /// The keys the bridge state is signed and checked with (`bridge.state_key_file` or
+    /// `DELAY_BRIDGE_STATE_KEY`, and the previous ones); `None`: not signed nor checked.
+    pub state_keys: Option<StateKeys>,
+    /// Where the keys were read from (printed instead of the keys).
+    pub state_key_files: (Option<PathBuf>, Option<PathBuf>),
+    /// Copies with no signature are accepted (`bridge.accept_unsigned_state`), else parked
+    /// `bad-state` when `state_keys` is set.
+    pub accept_unsigned_state: bool,
     /// How long past the latest due time of the copies it covers a tombstone is kept (a
     /// bridge backlog or outage can deliver a copy late).
     pub cancel_grace: Duration,
@@ -798,6 +827,8 @@ impl Config {
                 }
                 ENV_PREFIX => raw.topology.prefix = Some(value.clone()),
                 ENV_LOG_FORMAT => raw.log.format = Some(value.trim().to_string()),
+                ENV_STATE_KEY => raw.bridge.state_key = Some(value.clone()),
+                ENV_STATE_KEY_PREVIOUS => raw.bridge.state_key_previous = Some(value.clone()),
                 ENV_METRICS_LISTEN => {
                     raw.metrics.listen = Some(value.trim().parse().map_err(|_| {
                         invalid(
@@ -816,10 +847,68 @@ impl Config {
 
 /// The overrides present in the process environment.
 pub fn env_overrides() -> Vec<(&'static str, String)> {
-    [ENV_URL, ENV_PREFIX, ENV_METRICS_LISTEN, ENV_LOG_FORMAT]
-        .into_iter()
-        .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
-        .collect()
+    [
+        ENV_URL,
+        ENV_PREFIX,
+        ENV_METRICS_LISTEN,
+        ENV_LOG_FORMAT,
+        ENV_STATE_KEY,
+        ENV_STATE_KEY_PREVIOUS,
+    ]
+    .into_iter()
+    .filter_map(|var| std::env::var(var).ok().map(|v| (var, v)))
+    .collect()
+}
+
+/// The state keys `bridge` names: each from its variable, else from its file (white space
+/// around it trimmed); none without a current key.
+fn state_keys(bridge: &RawBridge) -> Result<Option<StateKeys>, ConfigError> {
+    let read = |from_env: &Option<String>,
+                key: &'static str,
+                file: &Option<PathBuf>|
+     -> Result<Option<Vec<u8>>, ConfigError> {
+        if let Some(value) = from_env {
+            return Ok(Some(value.trim().as_bytes().to_vec()));
+        }
+        let Some(path) = file else {
+            return Ok(None);
+        };
+        let bytes = std::fs::read(path)
+            .map_err(|error| invalid(key, path.display(), format!("cannot be read: {error}")))?;
+        Ok(Some(bytes.trim_ascii().to_vec()))
+    };
+    let current = read(
+        &bridge.state_key,
+        "bridge.state_key_file",
+        &bridge.state_key_file,
+    )?;
+    let previous = read(
+        &bridge.state_key_previous,
+        "bridge.state_key_previous_file",
+        &bridge.state_key_previous_file,
+    )?;
+    let Some(current) = current else {
+        if previous.is_some() {
+            return Err(invalid(
+                "bridge.state_key_previous_file",
+                "",
+                "a previous key needs a current one (bridge.state_key_file)",
+            ));
+        }
+        return Ok(None);
+    };
+    StateKeys::new(&current, previous.as_deref())
+        .map(Some)
+        .ok_or_else(|| {
+            invalid(
+                "bridge.state_key_file",
+                "<redacted>",
+                format!(
+                    "each key must be at least {MIN_KEY_BYTES} bytes (for example the 64 hex \
+                     digits of `openssl rand -hex 32`)"
+                ),
+            )
+        })
 }
 
 /// A count between 1 and `max`, or `default` when unset; `why` explains the upper bound.
@@ -970,6 +1059,7 @@ impl RawConfig {
                 "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
             ));
         }
+        let state_keys = state_keys(&self.bridge)?;
         let bundle_hops = self
             .bridge
             .bundle_hops
@@ -1093,6 +1183,12 @@ impl RawConfig {
             bundle_hops,
             redelivery_limit,
             max_unacked_bytes,
+            state_keys,
+            state_key_files: (
+                self.bridge.state_key_file.clone(),
+                self.bridge.state_key_previous_file.clone(),
+            ),
+            accept_unsigned_state: self.bridge.accept_unsigned_state.unwrap_or(false),
             cancel_grace,
             management,
             metrics,
@@ -1221,6 +1317,14 @@ impl Config {
                 hop_window: Some(self.hop_window),
                 bundle_hops: Some(self.bundle_hops),
                 max_unacked_bytes: Some(self.max_unacked_bytes),
+                state_key_file: self.state_key_files.0.clone(),
+                state_key_previous_file: self.state_key_files.1.clone(),
+                accept_unsigned_state: self
+                    .state_keys
+                    .is_some()
+                    .then_some(self.accept_unsigned_state),
+                state_key: None,
+                state_key_previous: None,
             },
             cancel: RawCancel {
                 grace: Some(self.cancel_grace),
@@ -1435,6 +1539,52 @@ mod tests {
                 "config/delay-bridge.toml does not document `{key}`"
             );
         }
+    }
+
+    #[test]
+    fn the_state_key_comes_from_its_file_or_the_environment_and_is_never_printed() {
+        let dir = std::env::temp_dir();
+        let file = dir.join(format!("state-key-{:08x}", rand::random::<u32>()));
+        std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let text = format!(
+            "[bridge]\nstate_key_file = \"{}\"\naccept_unsigned_state = true\n{MINIMAL}",
+            file.display()
+        );
+        let c = parse(&text).unwrap();
+        let from_file = c.state_keys.clone().expect("a key");
+        assert!(c.accept_unsigned_state);
+        let printed = c.to_string();
+        assert!(!printed.contains("0123456789abcdef"), "{printed}");
+        let reread = parse(&printed).unwrap();
+        assert_eq!(
+            (reread.state_keys, reread.accept_unsigned_state),
+            (c.state_keys.clone(), true),
+            "{printed}"
+        );
+        // The variable wins over the file; the trailing newline of the file is not key.
+        let from_env = Config::from_toml(
+            &text,
+            "<test>",
+            &[(ENV_STATE_KEY, "0123456789abcdef0123456789abcdef".into())],
+        )
+        .unwrap();
+        assert_eq!(from_env.state_keys, Some(from_file));
+        let short = Config::from_toml(MINIMAL, "<test>", &[(ENV_STATE_KEY, "short".into())]);
+        assert!(
+            matches!(&short, Err(ConfigError::Invalid { key, value, .. })
+                if key == "bridge.state_key_file" && value == "<redacted>"),
+            "{short:?}"
+        );
+        let missing = parse("[bridge]\nstate_key_file = \"/nonexistent/key\"\n");
+        assert!(matches!(missing, Err(ConfigError::Invalid { .. })), "{missing:?}");
+        let only_previous = Config::from_toml(
+            MINIMAL,
+            "<test>",
+            &[(ENV_STATE_KEY_PREVIOUS, "0123456789abcdef0123456789abcdef".into())],
+        );
+        assert!(only_previous.is_err());
+        assert_eq!(parse(MINIMAL).unwrap().state_keys, None, "off by default");
+        std::fs::remove_file(&file).unwrap();
     }
 
     #[test]

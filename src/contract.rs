@@ -21,6 +21,7 @@ pub mod bundle;
 mod decode;
 mod encode;
 mod reason;
+pub mod signature;
 mod size;
 mod value;
 
@@ -102,6 +103,10 @@ pub mod header {
     /// On a bundle: how many messages it carries (see [`bundle`](super::bundle)). Read only
     /// on a delivery that came back through the work exchange.
     pub const BUNDLE: &str = "delay-bridge-bundle";
+    /// On a copy travelling through the levels, when `bridge.state_key` is set: the
+    /// HMAC-SHA256 (hex) of its bridge headers and body (see
+    /// [`signature`](super::signature)).
+    pub const STATE_SIGNATURE: &str = "delay-bridge-signature";
     /// Failed deliveries so far, set by quorum queues on redelivery.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
@@ -109,7 +114,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 29] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -135,6 +140,7 @@ pub mod header {
         RAW_ROUTING_KEY,
         ORIGINAL_USER_ID,
         BUNDLE,
+        STATE_SIGNATURE,
         DELIVERY_COUNT,
         "x-death",
         "x-first-death-reason",

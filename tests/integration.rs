@@ -14,6 +14,7 @@ mod no_loss;
 mod parked;
 mod permissions;
 mod refusals;
+mod signature;
 mod status;
 mod stuck_levels;
 mod support;

@@ -297,7 +297,10 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        match self.read(&exchange, &routing_key, &properties, redeliveries) {
+        let read = self
+            .check_signature(&exchange, &properties, &data)
+            .and_then(|()| self.read(&exchange, &routing_key, &properties, redeliveries));
+        match read {
             Ok(envelope) => Ok(Decoded {
                 tag,
                 body: data,
@@ -471,6 +474,37 @@ impl Carrier {
         self.decode(exchange, routing_key, properties)
     }
 
+    /// `properties` of a copy into a level or the returns queue, signed for `body` when
+    /// `bridge.state_key` is set (`contract::signature`).
+    pub(super) fn signed(
+        &self,
+        properties: lapin::BasicProperties,
+        body: &[u8],
+    ) -> lapin::BasicProperties {
+        match &self.shared.config.state_keys {
+            Some(keys) => keys.sign(properties, body),
+            None => properties,
+        }
+    }
+
+    /// Whether a delivery's state may be trusted: one that came back through the work
+    /// exchange must carry a valid signature when `bridge.state_key` is set (else it is
+    /// parked `bad-state`); any other, and any without a key, passes.
+    pub(super) fn check_signature(
+        &self,
+        exchange: &ShortString,
+        properties: &lapin::BasicProperties,
+        body: &[u8],
+    ) -> Result<(), Parked> {
+        let config = &self.shared.config;
+        match &config.state_keys {
+            Some(keys) if exchange.as_str() == self.shared.work_exchange => {
+                keys.verify(properties, body, config.accept_unsigned_state)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Why a delivery with these properties, redelivered `redeliveries` times to this
     /// process (`None`: not flagged redelivered), must be parked `redelivery-limit`, if it
     /// must.
@@ -549,7 +583,7 @@ impl Carrier {
             exchange: ShortString::from(""),
             routing_key: ShortString::from(queue.as_str()),
             body,
-            properties: hop_properties(envelope),
+            properties: self.signed(hop_properties(envelope), body),
             lane: None,
         };
         match self.publish_until_settled(attempt).await {

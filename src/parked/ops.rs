@@ -14,6 +14,7 @@ use crate::amqp::publisher::Publisher;
 use crate::amqp::wire;
 use crate::amqp::{Published, queue_counts, reply_code};
 use crate::clock::now_ms;
+use crate::contract::signature::StateKeys;
 use crate::naming::Names;
 
 /// How long a read waits for the next message the queue counted before it gives up on it
@@ -89,12 +90,13 @@ pub async fn act(
 ) -> Result<Report, ParkedError> {
     let queue = names.parked_queue();
     let replay_into = match (action, dry_run, replay_on) {
-        (Action::Replay, false, Some(on)) => Some((
-            Publisher::open(on.connection, on.confirm_timeout)
+        (Action::Replay, false, Some(on)) => Some(ReplayInto {
+            publisher: Publisher::open(on.connection, on.confirm_timeout)
                 .await
                 .map_err(|e| ParkedError::Replay(e.into()))?,
-            ShortString::from(names.work_exchange()),
-        )),
+            work_exchange: ShortString::from(names.work_exchange()),
+            state_keys: on.state_keys.cloned(),
+        }),
         (Action::Replay, false, None) => return Err(ParkedError::NoReplayConnection),
         _ => None,
     };
@@ -118,14 +120,25 @@ pub struct ReplayOn<'a> {
     pub connection: &'a wire::Connection,
     /// How long a copy waits for the broker's confirm.
     pub confirm_timeout: Duration,
+    /// The key each copy's bridge state is signed with (`bridge.state_key`), if any: the
+    /// bridges park an unsigned copy when they have one.
+    pub state_keys: Option<&'a StateKeys>,
 }
 
-/// [`act`] on the parked queue `queue`; a replay publishes with the publisher into the
-/// exchange of `replay_into` (none on a list, a purge or a dry run).
+/// Where a replay publishes: the publisher, the work exchange, and the key that signs
+/// each copy.
+struct ReplayInto {
+    publisher: Publisher,
+    work_exchange: ShortString,
+    state_keys: Option<StateKeys>,
+}
+
+/// [`act`] on the parked queue `queue`; a replay publishes as `replay_into` says (none on a
+/// list, a purge or a dry run).
 async fn act_on(
     connection: &Connection,
     queue: &str,
-    replay_into: Option<(Publisher, ShortString)>,
+    replay_into: Option<ReplayInto>,
     action: Action,
     filter: &Filter,
     limit: usize,
@@ -219,13 +232,18 @@ async fn act_on(
                     );
                 }
                 (Action::Replay, None) => {}
-                (Action::Replay, Some((publisher, work_exchange))) => {
-                    let published = publisher
+                (Action::Replay, Some(into)) => {
+                    let mut properties = replay_properties(&delivery.properties);
+                    if let Some(keys) = &into.state_keys {
+                        properties = keys.sign(properties, &delivery.data);
+                    }
+                    let published = into
+                        .publisher
                         .publish(
-                            work_exchange.clone(),
+                            into.work_exchange.clone(),
                             delivery.routing_key.clone(),
                             &delivery.data,
-                            replay_properties(&delivery.properties),
+                            properties,
                         )
                         .await?;
                     match published {
@@ -251,8 +269,8 @@ async fn act_on(
     .await;
     // Closing the channel hands every message not removed back to the queue.
     let _ = channel.close(200, "done".into()).await;
-    if let Some((publisher, _)) = replay_into {
-        publisher.close().await;
+    if let Some(into) = replay_into {
+        into.publisher.close().await;
     }
     result?;
     Ok(report)

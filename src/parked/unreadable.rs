@@ -72,6 +72,7 @@ pub async fn act_at(
             replay_on.as_ref().map(|connection| ReplayOn {
                 connection,
                 confirm_timeout: config.confirm_timeout,
+                state_keys: config.state_keys.as_ref(),
             }),
             &config.names,
             action,

@@ -17,7 +17,7 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// The setup of a bridge that bundles the hops of each 200-ms window, over a ladder of 1 s
 /// and 2 s.
-fn bundling(test: &str) -> Setup<'_> {
+pub(crate) fn bundling(test: &str) -> Setup<'_> {
     Setup {
         ladder: "1s 2s",
         margin: Duration::from_millis(100),
@@ -190,7 +190,7 @@ async fn a_stop_while_a_bundle_is_half_delivered_doubles_nothing() {
 }
 
 /// Bridge state headers for a message due at `deliver_at`, bound for `target`.
-fn in_flight(i: usize, deliver_at: u64, target: &str) -> BasicProperties {
+pub(crate) fn in_flight(i: usize, deliver_at: u64, target: &str) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(i.to_string().into())
         .with_headers(headers(vec![

@@ -196,7 +196,7 @@ impl Carrier {
             exchange: ShortString::from(exchange),
             routing_key: ShortString::from(queue),
             body: &body,
-            properties: bundle::bundle_properties(messages.len()),
+            properties: self.signed(bundle::bundle_properties(messages.len()), &body),
             lane: None,
         };
         let answer = match self.publish_until_settled(attempt).await {
@@ -239,7 +239,10 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        let members = match bundle::decode_bundle(&properties, &data) {
+        let read = self
+            .check_signature(&exchange, &properties, &data)
+            .and_then(|()| bundle::decode_bundle(&properties, &data));
+        let members = match read {
             Ok(members) => members,
             Err(parked) => {
                 return Err(Box::new(Undecodable {
@@ -362,7 +365,7 @@ impl Carrier {
             exchange: ShortString::from(self.shared.work_exchange.as_str()),
             routing_key: bundle.routing_key.clone(),
             body: &body,
-            properties: bundle::bundle_properties(members.len()),
+            properties: self.signed(bundle::bundle_properties(members.len()), &body),
             lane: None,
         };
         match self.publish_until_settled(attempt).await {

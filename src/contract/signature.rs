@@ -1,0 +1,309 @@
+//! The bridge state's signature: an HMAC-SHA256, keyed by `bridge.state_key`, over the
+//! bridge headers (`delay-bridge-*`) of a copy travelling through the levels and its body
+//! (for a bundle, the body holds its messages and their state). A copy that comes back
+//! through the work exchange without a valid signature is parked `bad-state`, so a user
+//! who may write to the work exchange or a level cannot forge where, when and as whom the
+//! bridge delivers. Without a key nothing is signed or checked.
+//!
+//! What is signed, in order: for each bridge header but the signature itself, by name
+//! (the table is sorted), its name and its value in a canonical form that does not depend
+//! on which AMQP integer or string type carried it; then the body. Each part is
+//! length-prefixed, so no two different copies sign the same bytes.
+
+use hmac::{Hmac, Mac};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use sha2::Sha256;
+
+use super::value::as_integer;
+use super::{ParkReason, Parked, header};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The shortest key accepted, in bytes.
+pub const MIN_KEY_BYTES: usize = 16;
+
+/// The keys the state is signed and checked with: the current one signs; a copy signed
+/// with the previous one (during a key rotation) is still accepted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StateKeys {
+    current: Vec<u8>,
+    previous: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for StateKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateKeys(<redacted>)")
+    }
+}
+
+impl StateKeys {
+    /// Keys from their bytes; `None` when one is shorter than [`MIN_KEY_BYTES`].
+    pub fn new(current: &[u8], previous: Option<&[u8]>) -> Option<Self> {
+        let long_enough = |key: &[u8]| key.len() >= MIN_KEY_BYTES;
+        if !long_enough(current) || previous.is_some_and(|key| !long_enough(key)) {
+            return None;
+        }
+        Some(Self {
+            current: current.to_vec(),
+            previous: previous.map(<[u8]>::to_vec),
+        })
+    }
+
+    /// `properties` with the signature header of `properties` and `body` set (replacing
+    /// any there).
+    pub fn sign(&self, properties: BasicProperties, body: &[u8]) -> BasicProperties {
+        let mut headers = properties
+            .headers()
+            .as_ref()
+            .map(|h| h.inner().clone())
+            .unwrap_or_default();
+        headers.remove(header::STATE_SIGNATURE);
+        let table = FieldTable::from(headers.clone());
+        let signature = hex::encode(mac(&self.current, &table, body).finalize().into_bytes());
+        headers.insert(
+            ShortString::from(header::STATE_SIGNATURE),
+            AMQPValue::LongString(LongString::from(signature)),
+        );
+        properties.with_headers(FieldTable::from(headers))
+    }
+
+    /// Whether the signature of a copy with `properties` and `body` is valid under the
+    /// current or the previous key; else the reason to park it. An unsigned copy is
+    /// accepted only when `accept_unsigned` (while a key is being introduced).
+    pub fn verify(
+        &self,
+        properties: &BasicProperties,
+        body: &[u8],
+        accept_unsigned: bool,
+    ) -> Result<(), Parked> {
+        let empty = FieldTable::default();
+        let table = properties.headers().as_ref().unwrap_or(&empty);
+        let Some(given) = table.inner().get(header::STATE_SIGNATURE) else {
+            if accept_unsigned {
+                return Ok(());
+            }
+            return Err(Parked::new(
+                ParkReason::BadState,
+                "the bridge state is not signed (bridge.state_key is set)",
+            ));
+        };
+        let given = match given {
+            AMQPValue::LongString(text) => hex::decode(text.as_bytes()).ok(),
+            AMQPValue::ShortString(text) => hex::decode(text.as_str()).ok(),
+            _ => None,
+        };
+        let valid = given.is_some_and(|given| {
+            std::iter::once(&self.current)
+                .chain(self.previous.as_ref())
+                .any(|key| mac(key, table, body).verify_slice(&given).is_ok())
+        });
+        if valid {
+            Ok(())
+        } else {
+            Err(Parked::new(
+                ParkReason::BadState,
+                "the bridge state's signature does not match (forged or changed, or signed \
+                 with another bridge.state_key)",
+            ))
+        }
+    }
+}
+
+/// The HMAC of the bridge headers of `table` (but the signature) and `body`, not yet
+/// finalized.
+fn mac(key: &[u8], table: &FieldTable, body: &[u8]) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    for (name, value) in table.inner() {
+        let name = name.as_str();
+        if !name.starts_with(header::BRIDGE_PREFIX) || name == header::STATE_SIGNATURE {
+            continue;
+        }
+        part(&mut mac, name.as_bytes());
+        canonical(&mut mac, value);
+    }
+    part(&mut mac, body);
+    mac
+}
+
+/// `bytes`, preceded by their length.
+fn part(mac: &mut HmacSha256, bytes: &[u8]) {
+    mac.update(&(bytes.len() as u64).to_be_bytes());
+    mac.update(bytes);
+}
+
+/// A header value as a type tag and its content: every integer type as one, every string
+/// type as one, arrays item by item; any other type by its debug form.
+fn canonical(mac: &mut HmacSha256, value: &AMQPValue) {
+    if let Some(integer) = as_integer(value) {
+        mac.update(b"i");
+        mac.update(&integer.to_be_bytes());
+        return;
+    }
+    match value {
+        AMQPValue::LongString(text) => {
+            mac.update(b"s");
+            part(mac, text.as_bytes());
+        }
+        AMQPValue::ShortString(text) => {
+            mac.update(b"s");
+            part(mac, text.as_str().as_bytes());
+        }
+        AMQPValue::FieldArray(items) => {
+            mac.update(b"a");
+            mac.update(&(items.as_slice().len() as u64).to_be_bytes());
+            for item in items.as_slice() {
+                canonical(mac, item);
+            }
+        }
+        other => {
+            mac.update(b"x");
+            part(mac, format!("{other:?}").as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldArray;
+    use proptest::prelude::*;
+
+    fn keys() -> StateKeys {
+        StateKeys::new(b"0123456789abcdef0123456789abcdef", None).unwrap()
+    }
+
+    fn state(target: &str, due: i64) -> BasicProperties {
+        let mut headers = std::collections::BTreeMap::new();
+        headers.insert(
+            ShortString::from(header::STATE_TARGET),
+            AMQPValue::LongString(target.into()),
+        );
+        headers.insert(
+            ShortString::from(header::STATE_DELIVER_AT),
+            AMQPValue::LongLongInt(due),
+        );
+        headers.insert(
+            ShortString::from("x-death"),
+            AMQPValue::FieldArray(FieldArray::default()),
+        );
+        headers.insert(
+            ShortString::from("publisher-header"),
+            AMQPValue::LongString("kept".into()),
+        );
+        BasicProperties::default().with_headers(FieldTable::from(headers))
+    }
+
+    fn with_header(properties: &BasicProperties, name: &str, value: AMQPValue) -> BasicProperties {
+        let mut headers = properties.headers().as_ref().unwrap().inner().clone();
+        headers.insert(ShortString::from(name), value);
+        properties.clone().with_headers(FieldTable::from(headers))
+    }
+
+    #[test]
+    fn a_signed_copy_verifies_and_any_change_of_state_or_body_does_not() {
+        let keys = keys();
+        let signed = keys.sign(state("orders", 1_000), b"body");
+        assert_eq!(keys.verify(&signed, b"body", false), Ok(()));
+        // Forged: another target, another due time, another body, a state header added.
+        let other_target = with_header(
+            &signed,
+            header::STATE_TARGET,
+            AMQPValue::LongString("payments".into()),
+        );
+        let earlier = with_header(&signed, header::STATE_DELIVER_AT, AMQPValue::LongLongInt(1));
+        let as_someone = with_header(
+            &signed,
+            header::STATE_USER_ID,
+            AMQPValue::LongString("admin".into()),
+        );
+        for forged in [&other_target, &earlier, &as_someone] {
+            let parked = keys.verify(forged, b"body", false).unwrap_err();
+            assert_eq!(parked.reason, ParkReason::BadState);
+        }
+        assert!(keys.verify(&signed, b"other body", false).is_err());
+        // Another key's signature.
+        let other = StateKeys::new(b"another key of 16+ bytes", None).unwrap();
+        assert!(other.verify(&signed, b"body", false).is_err());
+    }
+
+    #[test]
+    fn what_the_broker_adds_or_retypes_does_not_break_it() {
+        let keys = keys();
+        let signed = keys.sign(state("orders", 1_000), b"body");
+        // Dead-lettering adds x-death; a quorum queue adds x-delivery-count; a publisher
+        // header is not the bridge's state.
+        let mut travelled = with_header(
+            &signed,
+            "x-first-death-queue",
+            AMQPValue::LongString("q".into()),
+        );
+        travelled = with_header(
+            &travelled,
+            header::DELIVERY_COUNT,
+            AMQPValue::LongLongInt(2),
+        );
+        travelled = with_header(
+            &travelled,
+            "publisher-header",
+            AMQPValue::LongString("other".into()),
+        );
+        // The same integer and string in other AMQP types.
+        travelled = with_header(
+            &travelled,
+            header::STATE_DELIVER_AT,
+            AMQPValue::LongUInt(1_000),
+        );
+        travelled = with_header(
+            &travelled,
+            header::STATE_TARGET,
+            AMQPValue::ShortString("orders".into()),
+        );
+        assert_eq!(keys.verify(&travelled, b"body", false), Ok(()));
+    }
+
+    #[test]
+    fn unsigned_copies_are_parked_unless_accepted_and_the_previous_key_still_verifies() {
+        let keys = keys();
+        let unsigned = state("orders", 1_000);
+        assert!(keys.verify(&unsigned, b"", false).is_err());
+        assert_eq!(keys.verify(&unsigned, b"", true), Ok(()));
+        let old = StateKeys::new(b"the previous key, 16+ bytes", None).unwrap();
+        let rotated = StateKeys::new(
+            b"0123456789abcdef0123456789abcdef",
+            Some(b"the previous key, 16+ bytes"),
+        )
+        .unwrap();
+        let signed_before = old.sign(unsigned.clone(), b"");
+        assert_eq!(rotated.verify(&signed_before, b"", false), Ok(()));
+        assert!(keys.verify(&signed_before, b"", false).is_err());
+        // A garbled signature is a bad one, never a panic.
+        let garbled = with_header(
+            &signed_before,
+            header::STATE_SIGNATURE,
+            AMQPValue::LongString("zz".into()),
+        );
+        assert!(rotated.verify(&garbled, b"", false).is_err());
+        assert!(StateKeys::new(b"too short", None).is_none());
+        assert_eq!(format!("{keys:?}"), "StateKeys(<redacted>)");
+    }
+
+    proptest! {
+        /// Any body and due time signs and verifies; flipping any byte of the body does
+        /// not.
+        #[test]
+        fn any_change_of_the_body_is_caught(
+            body in prop::collection::vec(any::<u8>(), 1..512),
+            due in any::<i64>(),
+            flip in any::<prop::sample::Index>(),
+        ) {
+            let keys = keys();
+            let signed = keys.sign(state("orders", due), &body);
+            prop_assert!(keys.verify(&signed, &body, false).is_ok());
+            let mut changed = body.clone();
+            let at = flip.index(changed.len());
+            changed[at] ^= 0x01;
+            prop_assert!(keys.verify(&signed, &changed, false).is_err());
+        }
+    }
+}
