@@ -1576,11 +1576,17 @@ mod tests {
             "{short:?}"
         );
         let missing = parse("[bridge]\nstate_key_file = \"/nonexistent/key\"\n");
-        assert!(matches!(missing, Err(ConfigError::Invalid { .. })), "{missing:?}");
+        assert!(
+            matches!(missing, Err(ConfigError::Invalid { .. })),
+            "{missing:?}"
+        );
         let only_previous = Config::from_toml(
             MINIMAL,
             "<test>",
-            &[(ENV_STATE_KEY_PREVIOUS, "0123456789abcdef0123456789abcdef".into())],
+            &[(
+                ENV_STATE_KEY_PREVIOUS,
+                "0123456789abcdef0123456789abcdef".into(),
+            )],
         );
         assert!(only_previous.is_err());
         assert_eq!(parse(MINIMAL).unwrap().state_keys, None, "off by default");
