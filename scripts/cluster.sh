@@ -20,13 +20,14 @@
 #   bash scripts/cluster.sh stop-tls      # stop node 5
 #
 # CLUSTER_BROKER picks the RabbitMQ: 3 (default) runs the installed package (3.10.8 from
-# scripts/broker.sh); 4 runs 4.0.x inside scripts/debian-broker.sh trixie's chroot (installed and started
-# on first use), with the same commands. Every command of a 4.x cluster needs
-# CLUSTER_BROKER=4 (export it).
+# scripts/broker.sh); 4 runs 4.0.x inside scripts/debian-broker.sh trixie's chroot, 43 runs
+# 4.3.x inside scripts/debian-broker.sh sid's (each installed and started on first use),
+# with the same commands. Every command of a 4.x cluster needs CLUSTER_BROKER (export it).
 #
-#   broker  node N              AMQP              management         distribution
-#   3       rabbit-cN@localhost 127.0.0.1:568N    127.0.0.1:1568N    2568N
-#   4       rabbit4-cN@localhost 127.0.0.1:569N   127.0.0.1:1569N    2569N
+#   broker  node N               AMQP              management         distribution
+#   3       rabbit-cN@localhost  127.0.0.1:568N    127.0.0.1:1568N    2568N
+#   4       rabbit4-cN@localhost 127.0.0.1:569N    127.0.0.1:1569N    2569N
+#   43      rabbit43-cN@localhost 127.0.0.1:570N   127.0.0.1:1570N    2570N
 #
 # Data, logs, config and one shared Erlang cookie live under $CLUSTER_DIR/nodeN (3.x default
 # /var/lib/delay-bridge/cluster; 4.x: /var/lib/delay-bridge-cluster inside the chroot). Every
@@ -59,8 +60,17 @@ case ${CLUSTER_BROKER:-3} in
     name_prefix=rabbit4-c
     port_base=5690
     epmd_port=${RMQ4_EPMD_PORT:-4370}
+    suite=trixie
     ;;
-  *) die "CLUSTER_BROKER must be 3 or 4, not ${CLUSTER_BROKER}" ;;
+  43)
+    root=${RMQ43_ROOT:-/var/lib/delay-bridge/rabbitmq-sid}
+    dir=${CLUSTER_DIR:-/var/lib/delay-bridge-cluster}   # inside the chroot
+    name_prefix=rabbit43-c
+    port_base=5700
+    epmd_port=${RMQ43_EPMD_PORT:-4371}
+    suite=sid
+    ;;
+  *) die "CLUSTER_BROKER must be 3, 4 or 43, not ${CLUSTER_BROKER}" ;;
 esac
 # $dir as the host sees it.
 host_dir=$root$dir
@@ -69,7 +79,7 @@ host_dir=$root$dir
 ensure_root() {
   [ -z "$root" ] && return
   if [ ! -x "$root$bin/rabbitmq-server" ] || ! mountpoint -q "$root/proc"; then
-    bash "$here/debian-broker.sh" trixie start
+    bash "$here/debian-broker.sh" "$suite" start
   fi
 }
 
@@ -196,7 +206,7 @@ case "${1:-}" in
     say "single node 4 up in $((SECONDS - started)) s: amqp://guest:guest@127.0.0.1:$(amqp_port 4)/%2f"
     ;;
   start-tls)
-    [ -z "$root" ] || die "4.x has its own TLS node: bash scripts/debian-broker.sh trixie start-tls DIR"
+    [ -z "$root" ] || die "4.x has its own TLS node: bash scripts/debian-broker.sh $suite start-tls DIR"
     tls_dir=$(cd "${2:?usage: cluster.sh start-tls DIR}" && pwd)
     for f in ca.pem server.pem server.key; do
       [ -r "$tls_dir/$f" ] || die "no $tls_dir/$f"

@@ -17,16 +17,17 @@
 #   broker-crash-classic  the same in classic mode
 #
 # The cluster scenarios run on the installed RabbitMQ (3.x); with CLUSTER_BROKER=4 they run
-# on 4.0.x in scripts/debian-broker.sh trixie's chroot, and the reports go to target/faults/4/.
+# on 4.0.x in scripts/debian-broker.sh trixie's chroot, with CLUSTER_BROKER=43 on 4.3.x in
+# sid's, and the reports go to target/faults/4/ or target/faults/43/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 bash scripts/broker.sh
 cargo build --release --quiet --workspace
 reports=target/faults
-if [ "${CLUSTER_BROKER:-3}" = 4 ]; then
+if [ "${CLUSTER_BROKER:-3}" != 3 ]; then
   export CLUSTER_BROKER
-  reports=target/faults/4
+  reports=target/faults/$CLUSTER_BROKER
 fi
 mkdir -p "$reports"
 bench=./target/release/delay-bridge-bench

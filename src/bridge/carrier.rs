@@ -3,7 +3,6 @@
 //! The hold timer lives here; [`bundles`] carries the hops of one window into one level as
 //! one message.
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,9 +26,11 @@ use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
     hop_properties, parked_properties,
 };
-use crate::plan::{Step, hop_window_end, next_step};
 
 mod bundles;
+mod planner;
+
+use planner::{Decision, Rules, Situation};
 
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
@@ -319,7 +320,8 @@ impl Carrier {
         }
     }
 
-    /// Hops, holds and delivers a decoded message until a replacement is confirmed.
+    /// Hops, holds and delivers a decoded message until a replacement is confirmed, as
+    /// [`planner::decide`] says at each step.
     async fn carry(&self, moving: &Decoded) -> Outcome {
         let config = &self.shared.config;
         let Decoded {
@@ -330,119 +332,56 @@ impl Carrier {
             waits_here,
             lane,
         } = moving;
-        let mut in_window = config.hop_window.is_zero();
-        // Only while every instance on the prefix reads bundles (`peers` keeps the gauge).
-        let mut bundled = self.shared.stats.bundling.load(Ordering::Relaxed) == 1;
+        let rules = Rules {
+            ladder: &config.ladder,
+            margin: config.margin,
+            hop_window: config.hop_window,
+        };
+        let mut situation = Situation {
+            now_ms: now_ms(),
+            deliver_at: envelope.deliver_at,
+            // Only while every instance on the prefix reads bundles (`peers` keeps the
+            // gauge).
+            bundled: self.shared.stats.bundling.load(Ordering::Relaxed) == 1,
+            in_window: config.hop_window.is_zero(),
+            waits_here: *waits_here,
+            from_work: tag.inlet == Inlet::Work,
+        };
         loop {
             if self.cancelled(envelope) {
                 return Outcome::Done;
             }
-            match next_step(envelope.deliver_at, now_ms(), &config.ladder, config.margin) {
-                // A bundled hop is planned for its window's end, when its bundle leaves;
-                // one too close to its due time by then waits it out here instead.
-                Step::Hop(_) if bundled => {
-                    let leaves_at = hop_window_end(now_ms(), config.hop_window);
-                    match next_step(
-                        envelope.deliver_at,
-                        leaves_at,
-                        &config.ladder,
-                        config.margin,
-                    ) {
-                        Step::Hop(level) => {
-                            match Box::pin(self.hop_bundled(*tag, body, envelope, level, leaves_at))
-                                .await
-                            {
-                                Some(outcome) => return outcome,
-                                // Its bundle was refused: it hops alone.
-                                None => bundled = false,
-                            }
-                        }
-                        Step::Hold(_) | Step::Deliver => {
-                            match self
-                                .wait_out(*tag, body, envelope, leaves_at, *waits_here)
-                                .await
-                            {
-                                ControlFlow::Break(outcome) => return outcome,
-                                ControlFlow::Continue(still) => bundled = still,
-                            }
-                        }
+            situation.now_ms = now_ms();
+            match planner::decide(&situation, &rules) {
+                Decision::Bundle { level, leaves_at } => {
+                    match Box::pin(self.hop_bundled(*tag, body, envelope, level, leaves_at)).await {
+                        Some(outcome) => return outcome,
+                        // Its bundle was refused: it hops alone.
+                        None => situation.bundled = false,
                     }
                 }
-                // A hop waits for its window to end, then plans again: the hops of one
-                // window reach each level together, and the broker handles them together.
-                Step::Hop(_) if !in_window => {
-                    in_window = true;
-                    let end = hop_window_end(now_ms(), config.hop_window);
+                Decision::AwaitWindow(end) => {
+                    situation.in_window = true;
                     tokio::select! {
-                        _ = tokio::time::sleep(until_epoch_ms(end)) => continue,
+                        _ = tokio::time::sleep(until_epoch_ms(end)) => {}
                         _ = self.stop.cancelled() => return Outcome::Release,
                     }
                 }
                 // Boxed: the task's own future is then only as large as its hold, which is
                 // where most deliveries wait.
-                Step::Hop(level) => return Box::pin(self.hop(*tag, body, envelope, level)).await,
-                Step::Hold(_) if bundled => {
-                    let leaves_at = hop_window_end(now_ms(), config.hop_window);
-                    match self
-                        .wait_out(*tag, body, envelope, leaves_at, *waits_here)
-                        .await
-                    {
-                        ControlFlow::Break(outcome) => return outcome,
-                        ControlFlow::Continue(still) => bundled = still,
-                    }
+                Decision::Hop(level) => {
+                    return Box::pin(self.hop(*tag, body, envelope, level)).await;
                 }
-                Step::Hold(_) => {
-                    if !self.hold(*tag, envelope.deliver_at, true).await {
+                Decision::Hold { counted } => {
+                    if !self.hold(*tag, envelope.deliver_at, counted).await {
                         return Outcome::Release;
                     }
                 }
-                Step::Deliver => {
+                Decision::Deliver => {
                     return Box::pin(self.deliver(*tag, body, envelope, *read_at, lane.as_ref()))
                         .await;
                 }
             }
-        }
-    }
-
-    /// With bundled hops: a message that must wait out its last moments, with its bundles
-    /// leaving at `leaves_at`. Unless it `waits_here` (it came alone or in a bundle from the
-    /// returns queue), one due later than `leaves_at` plus the margin first travels to the
-    /// returns queue in the bundle of its window (through the work exchange), and waits
-    /// there; the delivery it came in is acked once that is confirmed. So:
-    /// - the work queue's channel holds nothing for long, and its acks go in order (one
-    ///   `multiple` ack for many; a held delivery makes every ack behind it a single one,
-    ///   for which the broker walks its unacked list);
-    /// - a bundle back from a level is settled within its window: were it held until its
-    ///   last message is delivered, a crash would deliver again the ones delivered already,
-    ///   and hop again the ones that hopped on.
-    ///
-    /// Any other waits here; a short wait on the work queue's channel counts as in flight
-    /// (the acks behind it wait for it, then go as one).
-    ///
-    /// `Break`: the delivery's outcome. `Continue(bundled)`: plan again, with bundles or
-    /// (its bundle was refused) without.
-    async fn wait_out(
-        &self,
-        tag: Tag,
-        body: &[u8],
-        envelope: &Envelope,
-        leaves_at: u64,
-        waits_here: bool,
-    ) -> ControlFlow<Outcome, bool> {
-        let margin = self.shared.config.margin.as_millis() as u64;
-        let from_work = tag.inlet == Inlet::Work;
-        if !waits_here && envelope.deliver_at >= leaves_at.saturating_add(margin) {
-            return match Box::pin(self.hop_bundled(tag, body, envelope, Duration::ZERO, leaves_at))
-                .await
-            {
-                Some(outcome) => ControlFlow::Break(outcome),
-                None => ControlFlow::Continue(false),
-            };
-        }
-        if self.hold(tag, envelope.deliver_at, !from_work).await {
-            ControlFlow::Continue(true)
-        } else {
-            ControlFlow::Break(Outcome::Release)
         }
     }
 
