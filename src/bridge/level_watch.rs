@@ -86,5 +86,5 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const REMEDY: &str = "The broker retries a dead-letter publish it has no confirm for only after \
     `dead_letter_worker_publisher_confirm_timeout` (180 s by default; set it to 2000 in \
     advanced.config, README, \"Clusters and quorum mode\"). Check that the work exchange exists. After a \
-    node loss, RabbitMQ 3.10 can hold them until the lost node is back: bring it back (4.0 \
+    node loss, RabbitMQ 3.10 can hold them until the lost node is back: bring it back (4.x \
     forwards them at that retry).";
