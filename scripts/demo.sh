@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 bash scripts/broker.sh
-cargo build --release --quiet
+cargo build --release --quiet -p delay-bridge   # the daemon only, not the bench
 exec ./target/release/delay-bridge demo "$@"

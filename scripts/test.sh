@@ -74,9 +74,9 @@ run_debian_broker() {
   start=$SECONDS
   set +e
   DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:$port/%2f" \
-    DELAY_BRIDGE_TEST_CTL="bash scripts/debian-broker.sh $suite ctl" \
+    DELAY_BRIDGE_TEST_CTL="bash $PWD/scripts/debian-broker.sh $suite ctl" \
     DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:$management" \
-    DELAY_BRIDGE_TEST_TLS_BROKER="scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
+    DELAY_BRIDGE_TEST_TLS_BROKER="$PWD/scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
     cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e

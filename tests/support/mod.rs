@@ -556,7 +556,8 @@ pub async fn wait_for_consumers(world: &World, n: u64, within: Duration) {
 }
 
 /// `rabbitmqctl` for the test broker: `DELAY_BRIDGE_TEST_CTL` (a command and its leading
-/// arguments, for example `bash scripts/debian-broker.sh trixie ctl`), or plain `rabbitmqctl`.
+/// arguments, for example `bash /abs/path/scripts/debian-broker.sh trixie ctl`: absolute, since
+/// each package's tests run in its own directory), or plain `rabbitmqctl`.
 pub fn rabbitmqctl() -> std::process::Command {
     let line = std::env::var("DELAY_BRIDGE_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
     let mut parts = line.split_whitespace();
