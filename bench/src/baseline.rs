@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use lapin::{BasicProperties, Channel, Connection};
-use serde_json::{Value, json};
 
 use delay_bridge::config::Config;
 use delay_bridge::contract::PERSISTENT;
@@ -125,19 +124,19 @@ impl Baseline {
         )
     }
 
-    /// As JSON.
-    pub fn json(&self) -> Value {
-        json!({
-            "count": self.count,
-            "body_bytes": self.body_size,
-            "msg_per_s": self.rate.round(),
-            "latency": self.latency.json(),
-            "paced_msg_per_s": self.paced_rate,
-            "paced_latency": self.paced_latency.json(),
-            "paced_broker_cpu_us_per_msg": self.broker_us_per_message(),
-            "flat_broker_cpu_us_per_msg": self.flat_broker_us_per_message(),
-            "broker_version": self.broker.as_ref().and_then(|b| b.version.clone()),
-        })
+    /// For the report.
+    pub fn report(&self) -> delay_bridge_bench::report::Baseline {
+        delay_bridge_bench::report::Baseline {
+            count: self.count,
+            body_bytes: self.body_size as u64,
+            msg_per_s: self.rate.round(),
+            latency: self.latency.report(),
+            paced_msg_per_s: self.paced_rate,
+            paced_latency: self.paced_latency.report(),
+            paced_broker_cpu_us_per_msg: self.broker_us_per_message(),
+            flat_broker_cpu_us_per_msg: self.flat_broker_us_per_message(),
+            broker_version: self.broker.as_ref().and_then(|b| b.version.clone()),
+        }
     }
 }
 
@@ -258,7 +257,10 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
     println!("  paced               {}", baseline.paced_latency.row());
     println!(
         "{}",
-        json!({"scenario": "baseline", "bridge": "none", "baseline": baseline.json()})
+        delay_bridge_bench::report::Report::new("baseline", delay_bridge_bench::report::Nothing {})
+            .bridge("none")
+            .baseline(baseline.report())
+            .to_line()
     );
     Ok(())
 }

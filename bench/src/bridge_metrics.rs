@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-
 use delay_bridge::bridge::instruments::{LATENESS, READ_LATENESS};
 
 /// The lateness threshold the split is taken at, as the histograms' bucket bound (`le`).
@@ -51,14 +49,14 @@ impl LatenessSplit {
         )
     }
 
-    /// The report's JSON.
-    pub fn json(&self) -> Value {
-        json!({
-            "over_ms": OVER.as_millis() as u64,
-            "delivered": self.delivered,
-            "confirmed_late": self.confirmed_late,
-            "read_late": self.read_late,
-        })
+    /// For the report.
+    pub fn report(&self) -> delay_bridge_bench::report::LatenessSplit {
+        delay_bridge_bench::report::LatenessSplit {
+            over_ms: OVER.as_millis() as u64,
+            delivered: self.delivered,
+            confirmed_late: self.confirmed_late,
+            read_late: self.read_late,
+        }
     }
 }
 

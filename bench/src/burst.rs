@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -110,19 +110,23 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         m.cost.broker_target(),
     ];
     print_targets(&targets);
-    let report = json!({
-        "scenario": "burst",
-        "bridge": bridge_description(),
-        "baseline": baseline.json(),
-        "count": count,
-        "received": m.arrivals.received, "missing": m.arrivals.missing(),
-        "duplicates": m.arrivals.duplicates,
-        "drain_s": drain_s, "drain_msg_per_s": drain_rate.round(),
-        "drain_ratio": (ratio * 1000.0).round() / 1000.0,
-        "lateness": spread.map(|s| s.json()),
-        "cost": m.cost.json(),
-    });
-    print_report(report, &targets, &m.bridge, "start", Some(&m.machine_busy));
+    let report = report::Report::new(
+        "burst",
+        report::Burst {
+            count,
+            received: m.arrivals.received,
+            missing: m.arrivals.missing(),
+            duplicates: m.arrivals.duplicates,
+            drain_s,
+            drain_msg_per_s: drain_rate.round(),
+            drain_ratio: (ratio * 1000.0).round() / 1000.0,
+            lateness: spread.map(|s| s.report()),
+            cost: m.cost.report(),
+        },
+    )
+    .bridge(bridge_description())
+    .baseline(baseline.report());
+    print_report(report, &targets, &m.bridge, Some(&m.machine_busy));
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::client::{Client, Message, When};
 use delay_bridge::clock::now_ms;
@@ -192,7 +192,7 @@ fn report(
         "{:>10}  {:>8}  {:>5}  {:>24}",
         "sent lead", "honoured", "lost", "confirmed lead p50 / min"
     );
-    let mut json_rows = Vec::new();
+    let mut report_rows = Vec::new();
     for (Reverse(lead), row) in rows {
         let mut leads: Vec<i64> = row.iter().map(|s| s.confirmed_lead_ms).collect();
         leads.sort();
@@ -203,10 +203,14 @@ fn report(
             "{lead:>8}ms  {:>8}  {lost:>5}  {p50:>15} / {min:>4} ms",
             row.len() - lost
         );
-        json_rows.push(json!({
-            "lead_ms": lead, "sent": row.len(), "honoured": row.len() - lost, "lost": lost,
-            "confirmed_lead_p50_ms": p50, "confirmed_lead_min_ms": min,
-        }));
+        report_rows.push(report::HorizonRow {
+            lead_ms: lead,
+            sent: row.len() as u64,
+            honoured: (row.len() - lost) as u64,
+            lost: lost as u64,
+            confirmed_lead_p50_ms: p50,
+            confirmed_lead_min_ms: min,
+        });
     }
     let largest_lost = samples
         .iter()
@@ -238,19 +242,23 @@ fn report(
     }
     println!(
         "{}",
-        json!({
-            "scenario": "cancel-horizon",
-            "bridge": "in process (library Bridge::run)",
-            "margin_ms": base.margin.as_millis() as u64,
-            "rows": json_rows,
-            "largest_lost_confirmed_lead_ms": largest_lost,
-            "smallest_won_confirmed_lead_ms": smallest_won,
-            "dropped": dropped,
-            "delivered": delivered,
-            "baseline": baseline.json(),
-            "broker_cpu_us_per_msg": broker_us.map(|us| us.round()),
-            "baseline_broker_cpu_us_per_msg": cost.baseline_broker_us.map(|us| us.round()),
-            "broker_cpu_ratio": ratio.map(|r| (r * 100.0).round() / 100.0),
-        })
+        report::Report::new(
+            "cancel-horizon",
+            report::CancelHorizon {
+                margin_ms: base.margin.as_millis() as u64,
+                rows: report_rows,
+                largest_lost_confirmed_lead_ms: largest_lost,
+                smallest_won_confirmed_lead_ms: smallest_won,
+                dropped,
+                delivered,
+                cost: report::Cost {
+                    bridge_cpu_us_per_msg: None,
+                    ..cost.report()
+                },
+            },
+        )
+        .bridge("in process (library Bridge::run)")
+        .baseline(baseline.report())
+        .to_line()
     );
 }

@@ -5,7 +5,7 @@
 //! rate are bisected (geometrically) until they are within `--resolution` of each other.
 
 use anyhow::Result;
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
@@ -142,14 +142,17 @@ fn row(rate: f64, m: &Measured, pass: bool) -> String {
     )
 }
 
-/// One run in the JSON report.
-fn run_json(rate: f64, m: &Measured, pass: bool) -> serde_json::Value {
-    json!({
-        "rate": rate, "pass": pass, "achieved_rate": m.achieved_rate.round(),
-        "lateness": Spread::of(&m.arrivals.lateness_us).map(|s| s.json()),
-        "missing": m.arrivals.missing(), "duplicates": m.arrivals.duplicates,
-        "cost": m.cost.json(),
-    })
+/// One run for the report.
+fn run_report(rate: f64, m: &Measured, pass: bool) -> report::CapacityRun {
+    report::CapacityRun {
+        rate,
+        pass,
+        achieved_rate: m.achieved_rate.round(),
+        lateness: Spread::of(&m.arrivals.lateness_us).map(|s| s.report()),
+        missing: m.arrivals.missing(),
+        duplicates: m.arrivals.duplicates,
+        cost: m.cost.report(),
+    }
 }
 
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
@@ -199,7 +202,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         let m = trial(base, &first, &load(rate)).await?;
         let pass = passes(&m, rate, args.p99_limit_ms);
         println!("{}", row(rate, &m, pass));
-        runs.push(run_json(rate, &m, pass));
+        runs.push(run_report(rate, &m, pass));
         search.record(rate, pass);
         if pass && search.capacity() == rate {
             passing = Some((rate, m));
@@ -264,20 +267,24 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         targets.push(cost.broker_target());
     }
     print_targets(&targets);
-    let report = json!({
-        "scenario": "capacity",
-        "bridge": bridge_description(),
-        "baseline": first.json(),
-        "p99_limit_ms": args.p99_limit_ms, "seconds": args.seconds,
-        "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
-        "capacity_msg_per_s": capacity,
-        "cost_at_capacity": at_capacity.as_ref().map(|(cost, _)| cost.json()),
-        "runs": runs,
-    });
+    let report = report::Report::new(
+        "capacity",
+        report::Capacity {
+            p99_limit_ms: args.p99_limit_ms,
+            seconds: args.seconds,
+            min_delay_ms: min.as_millis() as u64,
+            max_delay_ms: max.as_millis() as u64,
+            capacity_msg_per_s: capacity,
+            cost_at_capacity: at_capacity.as_ref().map(|(cost, _)| cost.report()),
+            runs,
+        },
+    )
+    .bridge(bridge_description())
+    .baseline(first.report());
     let usage = at_capacity.map(|(_, usage)| usage);
     match usage {
-        Some(usage) => print_report(report, &targets, &usage, "start", None),
-        None => println!("{report}"),
+        Some(usage) => print_report(report, &targets, &usage, None),
+        None => println!("{}", report.to_line()),
     }
     Ok(())
 }

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-
 use super::Target;
 use super::baseline::Baseline;
 use super::broker_process::BrokerProcess;
@@ -92,13 +90,13 @@ impl Cost {
         )
     }
 
-    /// As JSON.
-    pub fn json(&self) -> Value {
-        json!({
-            "broker_cpu_us_per_msg": self.broker_us().map(|us| us.round()),
-            "baseline_broker_cpu_us_per_msg": self.baseline_broker_us.map(|us| us.round()),
-            "broker_cpu_ratio": self.broker_ratio().map(|r| (r * 100.0).round() / 100.0),
-            "bridge_cpu_us_per_msg": self.bridge_us().round(),
-        })
+    /// For the report: µs rounded, the ratio to two decimals.
+    pub fn report(&self) -> delay_bridge_bench::report::Cost {
+        delay_bridge_bench::report::Cost {
+            broker_cpu_us_per_msg: self.broker_us().map(|us| us.round()),
+            baseline_broker_cpu_us_per_msg: self.baseline_broker_us.map(|us| us.round()),
+            broker_cpu_ratio: self.broker_ratio().map(|r| (r * 100.0).round() / 100.0),
+            bridge_cpu_us_per_msg: Some(self.bridge_us().round()),
+        }
     }
 }

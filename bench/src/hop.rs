@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -90,17 +90,21 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         m.in_levels == count,
     )];
     print_targets(&targets);
-    let report = json!({
-        "scenario": "hop",
-        "bridge": bridge_description(),
-        "baseline": baseline.json(),
-        "count": count, "seconds": m.seconds,
-        "hops_per_s": rate.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
-        "bridge_cpu_us_per_hop": cpu_us.round(),
-        "in_levels": m.in_levels,
-        "cost": m.cost.json(),
-    });
-    print_report(report, &targets, &m.bridge, "ready", None);
+    let report = report::Report::new(
+        "hop",
+        report::Hop {
+            count,
+            seconds: m.seconds,
+            hops_per_s: rate.round(),
+            ratio: (ratio * 1000.0).round() / 1000.0,
+            bridge_cpu_us_per_hop: cpu_us.round(),
+            in_levels: m.in_levels,
+            cost: m.cost.report(),
+        },
+    )
+    .bridge(bridge_description())
+    .baseline(baseline.report());
+    print_report(report, &targets, &m.bridge, None);
     Ok(())
 }
 

@@ -13,11 +13,11 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use delay_bridge_bench::report;
 use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::config::Config;
@@ -109,20 +109,23 @@ pub async fn run(config: &Config, args: &Args) -> Result<()> {
     );
     println!(
         "{}",
-        json!({
-            "scenario": "intake",
-            "bridge": "none",
-            "rate": args.rate,
-            "seconds": args.seconds,
-            "ack_every_ms": ack_every.as_millis() as u64,
-            "count": count,
-            "received": count - received.missing,
-            "duplicates": received.duplicates,
-            "intake_broker_cpu_us_per_msg": intake_us,
-            "intake_ratio": ratio,
-            "intake_plus_transit_ratio": ratio + 1.0,
-            "baseline": baseline.json(),
-        })
+        report::Report::new(
+            "intake",
+            report::Intake {
+                rate: args.rate,
+                seconds: args.seconds,
+                ack_every_ms: ack_every.as_millis() as u64,
+                count,
+                received: count - received.missing,
+                duplicates: received.duplicates,
+                intake_broker_cpu_us_per_msg: intake_us,
+                intake_ratio: ratio,
+                intake_plus_transit_ratio: ratio + 1.0,
+            },
+        )
+        .bridge("none")
+        .baseline(baseline.report())
+        .to_line()
     );
     Ok(())
 }

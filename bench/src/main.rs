@@ -36,9 +36,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use serde_json::{Value, json};
-
 use delay_bridge::config::Config;
+use delay_bridge_bench::report;
 
 /// Benchmarks of delay-bridge against a real broker, each on a throw-away topology; every
 /// report says how the bridge under test ran and prints its own baseline.
@@ -226,14 +225,18 @@ impl Spread {
         )
     }
 
-    /// As JSON, in milliseconds.
-    pub fn json(&self) -> Value {
+    /// For the report, in milliseconds.
+    pub fn report(&self) -> report::Lateness {
         let ms = |us: i64| us as f64 / 1000.0;
-        json!({
-            "count": self.count,
-            "min_ms": ms(self.min), "p50_ms": ms(self.p50), "p90_ms": ms(self.p90),
-            "p99_ms": ms(self.p99), "p999_ms": ms(self.p999), "max_ms": ms(self.max),
-        })
+        report::Lateness {
+            count: self.count as u64,
+            min_ms: ms(self.min),
+            p50_ms: ms(self.p50),
+            p90_ms: ms(self.p90),
+            p99_ms: ms(self.p99),
+            p999_ms: ms(self.p999),
+            max_ms: ms(self.max),
+        }
     }
 }
 
@@ -270,6 +273,19 @@ impl Target {
     fn verdict(&self) -> &'static str {
         if self.pass { "PASS" } else { "MISS" }
     }
+
+    /// For the report.
+    pub fn report(&self) -> report::TargetRow {
+        report::TargetRow {
+            target: self.name.clone(),
+            measured: self.figure.clone(),
+            verdict: if self.pass {
+                report::Verdict::Pass
+            } else {
+                report::Verdict::Miss
+            },
+        }
+    }
 }
 
 /// Prints the targets, one per line.
@@ -280,31 +296,23 @@ pub fn print_targets(targets: &[Target]) {
     }
 }
 
-/// The targets as JSON.
-pub fn targets_json(targets: &[Target]) -> Value {
-    targets
-        .iter()
-        .map(|t| json!({"target": t.name, "measured": t.figure, "verdict": t.verdict()}))
-        .collect()
+/// The targets for the report.
+pub fn target_rows(targets: &[Target]) -> Vec<report::TargetRow> {
+    targets.iter().map(Target::report).collect()
 }
 
-/// Completes a broker scenario's JSON report with what each of them reports (the targets,
+/// Completes a broker scenario's report with what each of them reports (the targets,
 /// the bridge process's usage, how busy the machine was) and prints it as the last line.
-pub fn print_report(
-    mut report: Value,
+pub fn print_report<T: serde::Serialize>(
+    mut report: report::Report<T>,
     targets: &[Target],
     bridge: &process_usage::UsageSpan,
-    first_reading: &str,
     machine_busy: Option<&str>,
 ) {
-    bridge.add_to(&mut report, first_reading);
-    if let Some(object) = report.as_object_mut() {
-        object.insert("targets".into(), targets_json(targets));
-        if let Some(busy) = machine_busy {
-            object.insert("machine_cpu_busy".into(), json!(busy));
-        }
-    }
-    println!("{report}");
+    report.usage = Some(bridge.report());
+    report.targets = target_rows(targets);
+    report.machine_cpu_busy = machine_busy.map(str::to_string);
+    println!("{}", report.to_line());
 }
 
 /// How the bridge under test runs, for the report.

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use delay_bridge_bench::report;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -20,7 +20,7 @@ use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
 use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 use super::load::{due_at, publish};
-use super::{Target, bridge_description, mib, print_targets, targets_json};
+use super::{Target, bridge_description, mib, print_targets, target_rows};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
 use crate::measured_bridge::MeasuredBridge;
@@ -68,17 +68,17 @@ struct Reading {
 }
 
 impl Reading {
-    fn json(&self) -> Value {
-        json!({
-            "pending": self.pending,
-            "broker_total_bytes": self.broker_total,
-            "queue_memory_bytes": self.queue_memory,
-            "bridge_rss_bytes": self.bridge.rss,
-            "bridge_peak_rss_bytes": self.bridge.peak_rss,
-            "bridge_cpu_s": self.bridge.cpu.as_secs_f64(),
-            "seconds": self.seconds,
-            "intake_cost": self.intake.map(|cost| cost.json()),
-        })
+    fn report(&self) -> report::PendingReading {
+        report::PendingReading {
+            pending: self.pending,
+            broker_total_bytes: self.broker_total,
+            queue_memory_bytes: self.queue_memory,
+            bridge_rss_bytes: self.bridge.rss,
+            bridge_peak_rss_bytes: self.bridge.peak_rss,
+            bridge_cpu_s: self.bridge.cpu.as_secs_f64(),
+            seconds: self.seconds,
+            intake_cost: self.intake.map(|cost| cost.report()),
+        }
     }
 }
 
@@ -290,16 +290,19 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
     print_targets(&targets);
     println!(
         "{}",
-        json!({
-            "scenario": "pending",
-            "bridge": bridge_description(),
-            "baseline": baseline.json(),
-            "queue_type": base.queue_type.to_string(),
-            "body_bytes": args.body_size,
-            "readings": readings.iter().map(Reading::json).collect::<Vec<_>>(),
-            "broker_bytes_per_pending_message": broker_per_msg.round(),
-            "queue_bytes_per_pending_message": per_message(&last, |r| r.queue_memory).round(),
-            "targets": targets_json(&targets),
-        })
+        report::Report::new(
+            "pending",
+            report::Pending {
+                queue_type: base.queue_type.to_string(),
+                body_bytes: args.body_size as u64,
+                readings: readings.iter().map(Reading::report).collect(),
+                broker_bytes_per_pending_message: broker_per_msg.round(),
+                queue_bytes_per_pending_message: per_message(&last, |r| r.queue_memory).round(),
+            },
+        )
+        .bridge(bridge_description())
+        .baseline(baseline.report())
+        .targets(target_rows(&targets))
+        .to_line()
     );
 }

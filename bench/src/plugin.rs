@@ -7,13 +7,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use delay_bridge_bench::report;
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, ExchangeKind};
-use serde_json::json;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -112,26 +112,39 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             received as f64 / drain_s.max(1e-6) / baseline.rate
         );
     }
-    let report = json!({
-        "scenario": "plugin",
-        "baseline": baseline.json(),
-        "rate": args.rate, "seconds": args.seconds,
-        "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
-        "received": m.steady.received, "missing": m.steady.missing(),
-        "duplicates": m.steady.duplicates,
-        "lateness": spread.map(|s| s.json()),
-        "cost": {
-            "broker_cpu_us_per_msg": m.broker_us.map(|us| us.round()),
-            "baseline_broker_cpu_us_per_msg": plain.map(|us| us.round()),
-            "broker_cpu_ratio": m.broker_us.zip(plain).map(|(us, p)| (us / p.max(1e-9) * 100.0).round() / 100.0),
+    let report = report::Report::new(
+        "plugin",
+        report::Plugin {
+            rate: args.rate,
+            seconds: args.seconds,
+            min_delay_ms: min.as_millis() as u64,
+            max_delay_ms: max.as_millis() as u64,
+            received: m.steady.received,
+            missing: m.steady.missing(),
+            duplicates: m.steady.duplicates,
+            lateness: spread.map(|s| s.report()),
+            cost: report::Cost {
+                broker_cpu_us_per_msg: m.broker_us.map(|us| us.round()),
+                baseline_broker_cpu_us_per_msg: plain.map(|us| us.round()),
+                broker_cpu_ratio: m
+                    .broker_us
+                    .zip(plain)
+                    .map(|(us, p)| (us / p.max(1e-9) * 100.0).round() / 100.0),
+                bridge_cpu_us_per_msg: None,
+            },
+            burst: m.burst.map(|(drain_s, received)| report::PluginBurst {
+                count: args.burst,
+                received,
+                drain_s,
+                drain_msg_per_s: (received as f64 / drain_s.max(1e-6)).round(),
+                drain_ratio: ((received as f64 / drain_s.max(1e-6) / baseline.rate) * 100.0)
+                    .round()
+                    / 100.0,
+            }),
         },
-        "burst": m.burst.map(|(drain_s, received)| json!({
-            "count": args.burst, "received": received, "drain_s": drain_s,
-            "drain_msg_per_s": (received as f64 / drain_s.max(1e-6)).round(),
-            "drain_ratio": ((received as f64 / drain_s.max(1e-6) / baseline.rate) * 100.0).round() / 100.0,
-        })),
-    });
-    println!("{report}");
+    )
+    .baseline(baseline.report());
+    println!("{}", report.to_line());
     Ok(())
 }
 

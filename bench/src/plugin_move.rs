@@ -24,10 +24,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use delay_bridge_bench::report;
 use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
-use serde_json::json;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -105,14 +105,21 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     }
     println!(
         "{}",
-        json!({
-            "scenario": "plugin-move",
-            "published_before": args.before, "published_after": args.after,
-            "waiting_at_move": m.waiting_at_move, "move_ms": m.move_ms,
-            "suspended_ms": m.suspended_ms,
-            "delivered": m.arrivals.received, "doubled": m.arrivals.duplicates, "lost": lost,
-            "lateness": spread.map(|s| s.json()),
-        })
+        report::Report::new(
+            "plugin-move",
+            report::PluginMove {
+                published_before: args.before,
+                published_after: args.after,
+                waiting_at_move: m.waiting_at_move,
+                move_ms: m.move_ms,
+                suspended_ms: m.suspended_ms,
+                delivered: m.arrivals.received,
+                doubled: m.arrivals.duplicates,
+                lost,
+                lateness: spread.map(|s| s.report()),
+            },
+        )
+        .to_line()
     );
     if lost > 0 || m.arrivals.duplicates > 0 {
         bail!("the move lost {lost} and doubled {}", m.arrivals.duplicates);

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::json;
 
 /// What `/proc/<pid>` says of a process now.
 #[derive(Debug, Clone, Copy)]
@@ -31,18 +30,13 @@ pub struct UsageSpan {
 }
 
 impl UsageSpan {
-    /// Adds the span to a JSON report: `bridge_cpu_s`, `bridge_rss_<start>_bytes` (the
-    /// first reading's name, for example `start` or `ready`), `bridge_rss_end_bytes` and
-    /// `bridge_peak_rss_bytes`.
-    pub fn add_to(&self, report: &mut serde_json::Value, start: &str) {
-        let fields = [
-            ("bridge_cpu_s".to_string(), json!(self.cpu.as_secs_f64())),
-            (format!("bridge_rss_{start}_bytes"), json!(self.rss_start)),
-            ("bridge_rss_end_bytes".to_string(), json!(self.rss_end)),
-            ("bridge_peak_rss_bytes".to_string(), json!(self.peak_rss)),
-        ];
-        if let Some(object) = report.as_object_mut() {
-            object.extend(fields);
+    /// For the report.
+    pub fn report(&self) -> delay_bridge_bench::report::BridgeUsage {
+        delay_bridge_bench::report::BridgeUsage {
+            bridge_cpu_s: self.cpu.as_secs_f64(),
+            bridge_rss_first_bytes: self.rss_start,
+            bridge_rss_end_bytes: self.rss_end,
+            bridge_peak_rss_bytes: self.peak_rss,
         }
     }
 }

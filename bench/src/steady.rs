@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -173,20 +173,27 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         ),
     ]);
     print_targets(&targets);
-    let report = json!({
-        "scenario": "steady",
-        "bridge": bridge_description(),
-        "baseline": baseline.json(),
-        "rate": args.rate, "seconds": args.seconds, "count": count,
-        "min_delay_ms": min.as_millis() as u64, "max_delay_ms": max.as_millis() as u64,
-        "achieved_rate": m.achieved_rate.round(),
-        "received": m.arrivals.received, "missing": m.arrivals.missing(),
-        "duplicates": m.arrivals.duplicates, "early": m.early,
-        "lateness": spread.map(|s| s.json()),
-        "bridge_lateness": m.lateness_split.map(|s| s.json()),
-        "cost": m.cost.json(),
-    });
-    print_report(report, &targets, &m.bridge, "start", Some(&m.machine_busy));
+    let report = report::Report::new(
+        "steady",
+        report::Steady {
+            rate: args.rate,
+            seconds: args.seconds,
+            count,
+            min_delay_ms: min.as_millis() as u64,
+            max_delay_ms: max.as_millis() as u64,
+            achieved_rate: m.achieved_rate.round(),
+            received: m.arrivals.received,
+            missing: m.arrivals.missing(),
+            duplicates: m.arrivals.duplicates,
+            early: m.early as u64,
+            lateness: spread.map(|s| s.report()),
+            bridge_lateness: m.lateness_split.map(|s| s.report()),
+            cost: m.cost.report(),
+        },
+    )
+    .bridge(bridge_description())
+    .baseline(baseline.report());
+    print_report(report, &targets, &m.bridge, Some(&m.machine_busy));
     Ok(())
 }
 

@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use delay_bridge_bench::report;
 use lapin::types::ShortString;
-use serde_json::json;
 
 use delay_bridge::amqp;
 use delay_bridge::cancel::tombstone_properties;
@@ -136,21 +136,24 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     );
     println!(
         "{}",
-        json!({
-            "scenario": "tombstones",
-            "count": args.count,
-            "publish_s": publish_s,
-            "ready_empty_s": empty_s,
-            "ready_full_s": full_s,
-            "catch_up_s": full_s - empty_s,
-            "rss_empty_bytes": empty.rss,
-            "rss_full_bytes": full.rss,
-            "rss_bytes_per_tombstone": per_tombstone,
-            "baseline": baseline.json(),
-            "append_broker_cpu_us_per_tombstone": append.broker_us(),
-            "append_broker_cpu_ratio": append.broker_ratio(),
-            "read_cost": read.json(),
-        })
+        report::Report::new(
+            "tombstones",
+            report::Tombstones {
+                count: args.count,
+                publish_s,
+                ready_empty_s: empty_s,
+                ready_full_s: full_s,
+                catch_up_s: full_s - empty_s,
+                rss_empty_bytes: empty.rss,
+                rss_full_bytes: full.rss,
+                rss_bytes_per_tombstone: per_tombstone,
+                append_broker_cpu_us_per_tombstone: append.broker_us(),
+                append_broker_cpu_ratio: append.broker_ratio(),
+                read_cost: read.report(),
+            },
+        )
+        .baseline(baseline.report())
+        .to_line()
     );
     Ok(())
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -66,7 +66,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             ),
         ],
         &targets,
-        json!({ "kills": kills }),
+        report::FaultDone {
+            kills: Some(kills),
+            ..Default::default()
+        },
     );
     Ok(())
 }

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::config::{BrokerUrl, Config};
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -100,10 +100,11 @@ pub async fn run(base: &Config, args: &Args, name: &'static str) -> Result<()> {
             ),
         ],
         &targets,
-        json!({
-            "queue_type": base.queue_type.to_string(),
-            "failover_ms": failover.map(|f| f.as_millis() as u64),
-        }),
+        report::FaultDone {
+            queue_type: Some(base.queue_type.to_string()),
+            failover_ms: failover.map(|f| f.as_millis() as u64),
+            ..Default::default()
+        },
     );
     Ok(())
 }

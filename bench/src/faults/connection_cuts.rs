@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::json;
+use delay_bridge_bench::report;
 
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -53,7 +53,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             ),
         ],
         &targets,
-        json!({ "cuts": cuts }),
+        report::FaultDone {
+            cuts: Some(cuts),
+            ..Default::default()
+        },
     );
     Ok(())
 }

@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use delay_bridge_bench::report;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable};
 use rand::Rng;
-use serde_json::json;
 
 use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
@@ -75,7 +75,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             MAX_DELAY.as_secs()
         )],
         &targets,
-        json!({ "bridge_reconnects": reconnects }),
+        report::FaultDone {
+            bridge_reconnects: Some(reconnects),
+            ..Default::default()
+        },
     );
     Ok(())
 }

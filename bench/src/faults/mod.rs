@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use delay_bridge_bench::report;
 use futures::StreamExt;
 use lapin::types::AMQPValue;
-use serde_json::{Value, json};
 
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::BrokerUrl;
@@ -25,7 +25,7 @@ use delay_bridge::naming::Names;
 
 use super::above_zero::above_zero;
 use super::load::{Outgoing, consume_no_ack, due_at, read_body};
-use super::{Spread, Target, ms, print_targets, targets_json};
+use super::{Spread, Target, ms, print_targets, target_rows};
 use traffic::{Seen, Sent};
 
 /// The load of a fault scenario.
@@ -239,7 +239,7 @@ impl Tally {
 
     /// Prints the table, the targets and the JSON report (its last line), with the
     /// scenario's own fields.
-    pub fn print(&self, lines: &[String], targets: &[Target], extra: Value) {
+    pub fn print(&self, lines: &[String], targets: &[Target], fault: report::FaultDone) {
         println!("{}:", self.scenario);
         for line in lines {
             println!("  {line}");
@@ -273,28 +273,28 @@ impl Tally {
             println!("  {late}");
         }
         print_targets(targets);
-        let mut report = json!({
-            "scenario": self.scenario,
-            "count": self.count,
-            "confirmed": self.sent.confirmed,
-            "publish_rate": self.sent.rate.round(),
-            "publisher_resent": self.sent.resent,
-            "publisher_reconnects": self.sent.reconnects,
-            "delivered": self.seen.delivered(),
-            "missing": self.missing(),
-            "duplicates": self.seen.duplicates(),
-            "parked": self.parked.total(),
-            "parked_by_reason": self.parked.by_reason,
-            "collector_reconnects": self.seen.reconnects,
-            "foreign": self.seen.foreign,
-            "lateness": self.lateness().map(|s| s.json()),
-            "later_than_1s": self.seen.late.len(),
-            "targets": targets_json(targets),
-        });
-        if let (Some(object), Value::Object(extra)) = (report.as_object_mut(), extra) {
-            object.extend(extra);
-        }
-        println!("{report}");
+        let report = report::Report::new(
+            self.scenario,
+            report::Fault {
+                count: self.count,
+                confirmed: self.sent.confirmed,
+                publish_rate: self.sent.rate.round(),
+                publisher_resent: self.sent.resent,
+                publisher_reconnects: self.sent.reconnects,
+                delivered: self.seen.delivered(),
+                missing: self.missing(),
+                duplicates: self.seen.duplicates(),
+                parked: self.parked.total(),
+                parked_by_reason: self.parked.by_reason.clone(),
+                collector_reconnects: self.seen.reconnects,
+                foreign: self.seen.foreign,
+                lateness: self.lateness().map(|s| s.report()),
+                later_than_1s: self.seen.late.len() as u64,
+                fault,
+            },
+        )
+        .targets(target_rows(targets));
+        println!("{}", report.to_line());
     }
 }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
+use delay_bridge_bench::report;
 use lapin::BasicProperties;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use delay_bridge::amqp;
@@ -34,7 +34,7 @@ use super::above_zero::above_zero;
 use super::baseline::{Baseline, BaselineArgs};
 use super::load::{Outgoing, body, due_at, now_us, publish};
 use super::measured_bridge::MeasuredBridge;
-use super::{Spread, Target, bridge_description, mib, ms, print_targets, targets_json};
+use super::{Spread, Target, bridge_description, mib, ms, print_targets, target_rows};
 
 /// `bench mixed` options.
 #[derive(Debug, clap::Args)]
@@ -634,31 +634,56 @@ fn report(
         ),
     ];
     print_targets(&targets);
-    let report = json!({
-        "scenario": "mixed",
-        "bridge": bridge_description(),
-        "baseline": baseline.json(),
-        "rate": args.rate, "minutes": args.minutes,
-        "large_size": args.large_size, "burst_size": args.burst_size,
-        "missing": o.missing, "doubled": o.doubled, "cancel_lost": o.cancel_lost,
-        "unparked": o.unparked, "misparked": o.misparked, "strays": m.strays,
-        "late_cancels": m.late_cancels,
-        // Keyed by minute (not lists), so that `spread` shows each minute over the runs.
-        "minutes_due": m.due.iter().map(|d| (format!("{:02}", d.minute), json!({
-            "small": d.small.map(|s| s.json()),
-            "large_due": d.large_due, "burst_due": d.burst_due,
-        }))).collect::<serde_json::Map<_, _>>(),
-        "minutes_cost": m.cost.iter().map(|c| (format!("{:02}", c.minute), json!({
-            "published": c.published,
-            "broker_us": c.broker_us, "bridge_us": c.bridge_us, "bridge_rss_bytes": c.bridge_rss,
-        }))).collect::<serde_json::Map<_, _>>(),
-        "first_minute_p99_ms": first as f64 / 1000.0,
-        "worst_minute_p99_ms": worst as f64 / 1000.0,
-        "burst_drain_s": m.burst_drains,
-        "broker_us": m.broker_us, "bridge_us": m.bridge_us,
-        "bridge_peak_rss_bytes": m.peak_rss,
-        "targets": targets_json(&targets),
-    });
-    println!("{report}");
+    let report = report::Report::new(
+        "mixed",
+        report::Mixed {
+            rate: args.rate,
+            minutes: args.minutes,
+            large_size: args.large_size as u64,
+            burst_size: args.burst_size,
+            missing: o.missing,
+            doubled: o.doubled,
+            cancel_lost: o.cancel_lost,
+            unparked: o.unparked,
+            misparked: o.misparked,
+            strays: m.strays,
+            late_cancels: m.late_cancels,
+            minutes_due: m
+                .due
+                .iter()
+                .map(|d| {
+                    let due = report::MinuteDue {
+                        small: d.small.map(|s| s.report()),
+                        large_due: d.large_due,
+                        burst_due: d.burst_due,
+                    };
+                    (format!("{:02}", d.minute), due)
+                })
+                .collect(),
+            minutes_cost: m
+                .cost
+                .iter()
+                .map(|c| {
+                    let cost = report::MinuteCost {
+                        published: c.published,
+                        broker_us: c.broker_us,
+                        bridge_us: c.bridge_us,
+                        bridge_rss_bytes: c.bridge_rss,
+                    };
+                    (format!("{:02}", c.minute), cost)
+                })
+                .collect(),
+            first_minute_p99_ms: first as f64 / 1000.0,
+            worst_minute_p99_ms: worst as f64 / 1000.0,
+            burst_drain_s: m.burst_drains.clone(),
+            broker_us: m.broker_us,
+            bridge_us: m.bridge_us,
+            bridge_peak_rss_bytes: m.peak_rss,
+        },
+    )
+    .bridge(bridge_description())
+    .baseline(baseline.report())
+    .targets(target_rows(&targets));
+    println!("{}", report.to_line());
     Ok(())
 }

@@ -5,18 +5,19 @@
 //! reported at these sizes, not asserted.
 
 use delay_bridge::sandbox::process::ConfigFile;
-use serde_json::Value;
+use delay_bridge_bench::report::{self, Report, Verdict};
+use serde::de::DeserializeOwned;
 
 use crate::support::*;
 
 /// Runs `delay-bridge-bench <args>` with the default ladder and prefetch.
-pub async fn bench(args: &[&str]) -> Value {
+pub async fn bench<T: DeserializeOwned>(args: &[&str]) -> Report<T> {
     bench_with("default", 4000, args).await
 }
 
 /// Runs `delay-bridge-bench <args>` with a config for the test broker (this ladder and
-/// prefetch) and returns the JSON object its output ends with.
-async fn bench_with(ladder: &str, prefetch: u32, args: &[&str]) -> Value {
+/// prefetch) and returns the report its output ends with.
+async fn bench_with<T: DeserializeOwned>(ladder: &str, prefetch: u32, args: &[&str]) -> Report<T> {
     // The bench replaces the prefix and the route.
     let route = [("unused.in".to_string(), "unused.out".to_string())];
     let config = raw_config(
@@ -49,56 +50,49 @@ async fn bench_with(ladder: &str, prefetch: u32, args: &[&str]) -> Value {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let json: Value = serde_json::from_str(stdout.lines().last().expect("a JSON line"))
-        .unwrap_or_else(|e| panic!("the last line is not JSON ({e}):\n{stdout}"));
-    assert_eq!(json["scenario"], args[0]);
-    json
+    let last = stdout.lines().last().expect("a report line");
+    let report: Report<T> = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("the last line is not this scenario's report ({e}):\n{stdout}"));
+    assert_eq!(report.scenario, args[0]);
+    report
 }
 
-/// Every target is reported with a verdict.
-fn assert_targets(json: &Value, expected: usize) {
-    let targets = json["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), expected, "{json}");
-    for t in targets {
-        assert!(
-            t["verdict"] == "PASS" || t["verdict"] == "MISS",
-            "a target without a verdict: {t}"
-        );
-    }
+/// As many targets as expected were reported.
+fn assert_targets<T: std::fmt::Debug>(report: &Report<T>, expected: usize) {
+    assert_eq!(report.targets.len(), expected, "{report:?}");
 }
 
-/// The target whose name starts with `name`.
-fn target<'a>(json: &'a Value, name: &str) -> &'a Value {
-    json["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .find(|t| t["target"].as_str().is_some_and(|t| t.starts_with(name)))
-        .unwrap_or_else(|| panic!("no target `{name}`: {json}"))
+/// The verdict of the target whose name starts with `name`.
+fn verdict<T: std::fmt::Debug>(report: &Report<T>, name: &str) -> Verdict {
+    report
+        .target(name)
+        .unwrap_or_else(|| panic!("no target `{name}`: {report:?}"))
+        .verdict
 }
 
 /// CPU per message of the broker process (found on this machine) and of the bridge.
-fn assert_cost(cost: &Value) {
+fn assert_cost(cost: &report::Cost) {
     assert!(
-        cost["broker_cpu_us_per_msg"].as_f64().is_some(),
-        "the broker process was not found: {cost}"
+        cost.broker_cpu_us_per_msg.is_some(),
+        "the broker process was not found: {cost:?}"
     );
-    assert!(cost["baseline_broker_cpu_us_per_msg"].as_f64().is_some());
-    assert!(cost["bridge_cpu_us_per_msg"].as_f64().is_some());
+    assert!(cost.baseline_broker_cpu_us_per_msg.is_some(), "{cost:?}");
+    assert!(cost.bridge_cpu_us_per_msg.is_some(), "{cost:?}");
 }
 
 /// A baseline measured in the same run, with a throughput and latencies.
-fn assert_baseline(json: &Value) {
-    let baseline = &json["baseline"];
-    assert!(baseline["msg_per_s"].as_f64().unwrap() > 0.0, "{json}");
-    assert!(baseline["paced_latency"]["p99_ms"].as_f64().is_some());
+fn assert_baseline<T: std::fmt::Debug>(report: &Report<T>) -> &report::Baseline {
+    let baseline = report.baseline.as_ref().expect("a baseline");
+    assert!(baseline.msg_per_s > 0.0, "{report:?}");
+    assert!(baseline.paced_latency.count > 0, "{report:?}");
+    baseline
 }
 
 const SMALL_BASELINE: [&str; 4] = ["--baseline-count", "200", "--baseline-paced-seconds", "0.5"];
 
 #[tokio::test]
 async fn bench_baseline_smoke() {
-    let json = bench(&[
+    let report: Report<report::Nothing> = bench(&[
         "baseline",
         "--count",
         "300",
@@ -108,9 +102,9 @@ async fn bench_baseline_smoke() {
         "0.5",
     ])
     .await;
-    assert_baseline(&json);
-    assert_eq!(json["baseline"]["latency"]["count"], 300);
-    assert_eq!(json["baseline"]["paced_latency"]["count"], 200);
+    let baseline = assert_baseline(&report);
+    assert_eq!(baseline.latency.count, 300);
+    assert_eq!(baseline.paced_latency.count, 200);
 }
 
 #[tokio::test]
@@ -127,22 +121,24 @@ async fn bench_steady_smoke() {
         "2s",
     ];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    assert_eq!(json["count"], 200);
-    assert_eq!(json["received"], 200, "{json}");
-    assert_eq!(json["missing"], 0);
-    assert_eq!(json["duplicates"], 0);
-    assert_eq!(json["early"], 0, "never delivered before its due time");
-    assert_eq!(json["lateness"]["count"], 200);
-    assert!(json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0);
-    assert_cost(&json["cost"]);
+    let report: Report<report::Steady> = bench(&args).await;
+    assert_baseline(&report);
+    let steady = &report.body;
+    assert_eq!(steady.count, 200);
+    assert_eq!(steady.received, 200, "{report:?}");
+    assert_eq!(steady.missing, 0);
+    assert_eq!(steady.duplicates, 0);
+    assert_eq!(steady.early, 0, "never delivered before its due time");
+    let lateness = steady.lateness.expect("lateness");
+    assert_eq!(lateness.count, 200);
+    assert!(lateness.min_ms >= 0.0);
+    assert_cost(&steady.cost);
+    assert!(report.usage.is_some_and(|u| u.bridge_peak_rss_bytes > 0));
     // A max-lateness target on 3.x only.
-    let targets = json["targets"].as_array().expect("targets").len();
-    assert!(targets == 5 || targets == 6, "{json}");
-    assert_targets(&json, targets);
-    assert_eq!(target(&json, "every message once")["verdict"], "PASS");
-    assert!(target(&json, "broker CPU per message")["measured"].is_string());
+    let targets = report.targets.len();
+    assert!(targets == 5 || targets == 6, "{report:?}");
+    assert_eq!(verdict(&report, "every message once"), Verdict::Pass);
+    assert!(report.target("broker CPU per message").is_some());
 }
 
 #[tokio::test]
@@ -157,17 +153,17 @@ async fn bench_intake_smoke() {
         "50ms",
     ];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    assert_eq!(json["count"], 200);
-    assert_eq!(json["received"], 200, "{json}");
-    assert_eq!(json["duplicates"], 0);
-    let ratio = json["intake_ratio"]
-        .as_f64()
-        .expect("the broker's CPU was measured");
-    assert!(ratio > 0.0, "{json}");
-    let floor = json["intake_plus_transit_ratio"].as_f64().unwrap();
-    assert!((floor - ratio - 1.0).abs() < 1e-9, "{json}");
+    let report: Report<report::Intake> = bench(&args).await;
+    assert_baseline(&report);
+    let intake = &report.body;
+    assert_eq!(intake.count, 200);
+    assert_eq!(intake.received, 200, "{report:?}");
+    assert_eq!(intake.duplicates, 0);
+    assert!(intake.intake_ratio > 0.0, "{report:?}");
+    assert!(
+        (intake.intake_plus_transit_ratio - intake.intake_ratio - 1.0).abs() < 1e-9,
+        "{report:?}"
+    );
 }
 
 #[tokio::test]
@@ -192,38 +188,40 @@ async fn bench_capacity_smoke() {
         "50",
     ];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    let runs = json["runs"].as_array().expect("runs");
-    let rates: Vec<f64> = runs.iter().map(|r| r["rate"].as_f64().unwrap()).collect();
+    let report: Report<report::Capacity> = bench(&args).await;
+    assert_baseline(&report);
+    let runs = &report.body.runs;
+    let rates: Vec<f64> = runs.iter().map(|r| r.rate).collect();
     assert_eq!(
         rates[..2],
         [100.0, 200.0],
-        "doubling up to the ceiling: {json}"
+        "doubling up to the ceiling: {report:?}"
     );
     // A run also passes only at 99 % of its rate, which a loaded machine may miss for a
     // 1-second run: the search then narrows between the two, and reports what passed.
-    for (run, rate) in runs.iter().zip(&rates) {
-        assert_eq!(run["missing"], 0, "{json}");
-        assert!((100.0..=200.0).contains(rate), "within the range: {json}");
+    for run in runs {
+        assert_eq!(run.missing, 0, "{report:?}");
+        assert!(
+            (100.0..=200.0).contains(&run.rate),
+            "within the range: {report:?}"
+        );
     }
     let best = runs
         .iter()
-        .zip(&rates)
-        .filter(|(run, _)| run["pass"] == true)
-        .map(|(_, rate)| *rate)
+        .filter(|run| run.pass)
+        .map(|run| run.rate)
         .fold(None, |best: Option<f64>, rate| {
             Some(best.map_or(rate, |b| b.max(rate)))
         });
     if let Some(best) = best {
-        assert_eq!(json["capacity_msg_per_s"].as_f64(), Some(best), "{json}");
-        assert_cost(&json["cost_at_capacity"]);
-        assert_targets(&json, 2);
+        assert_eq!(report.body.capacity_msg_per_s, best, "{report:?}");
+        assert_cost(report.body.cost_at_capacity.as_ref().expect("a cost"));
+        assert_targets(&report, 2);
         // Every passing rate is at least 100 msg/s, twice the figure given as before.
         assert_eq!(
-            target(&json, "capacity >= 2x before (50 msg/s)")["verdict"],
-            "PASS",
-            "{json}"
+            verdict(&report, "capacity >= 2x before (50 msg/s)"),
+            Verdict::Pass,
+            "{report:?}"
         );
     }
 }
@@ -232,61 +230,59 @@ async fn bench_capacity_smoke() {
 async fn bench_burst_smoke() {
     let mut args = vec!["burst", "--count", "500"];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    assert_eq!(json["received"], 500, "{json}");
-    assert_eq!(json["duplicates"], 0);
-    assert!(json["drain_ratio"].as_f64().unwrap() > 0.0);
+    let report: Report<report::Burst> = bench(&args).await;
+    assert_baseline(&report);
+    let burst = &report.body;
+    assert_eq!(burst.received, 500, "{report:?}");
+    assert_eq!(burst.duplicates, 0);
+    assert!(burst.drain_ratio > 0.0);
     assert!(
-        json["lateness"]["min_ms"].as_f64().unwrap() >= 0.0,
+        burst.lateness.expect("lateness").min_ms >= 0.0,
         "none early"
     );
-    assert_cost(&json["cost"]);
-    assert_targets(&json, 3);
-    assert_eq!(target(&json, "every message once")["verdict"], "PASS");
+    assert_cost(&burst.cost);
+    assert_targets(&report, 3);
+    assert_eq!(verdict(&report, "every message once"), Verdict::Pass);
 }
 
 #[tokio::test]
 async fn bench_hop_smoke() {
     let mut args = vec!["hop", "--count", "500"];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    assert_eq!(json["in_levels"], 500, "{json}");
-    assert!(json["hops_per_s"].as_f64().unwrap() > 0.0);
-    assert_cost(&json["cost"]);
-    assert_targets(&json, 1);
-    assert_eq!(json["targets"][0]["verdict"], "PASS");
+    let report: Report<report::Hop> = bench(&args).await;
+    assert_baseline(&report);
+    assert_eq!(report.body.in_levels, 500, "{report:?}");
+    assert!(report.body.hops_per_s > 0.0);
+    assert_cost(&report.body.cost);
+    assert_targets(&report, 1);
+    assert_eq!(report.targets[0].verdict, Verdict::Pass);
 }
 
 #[tokio::test]
 async fn bench_pending_smoke() {
     let mut args = vec!["pending", "--count", "600", "--checkpoint", "200"];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    let readings = json["readings"].as_array().unwrap();
-    let pending: Vec<u64> = readings
-        .iter()
-        .map(|r| r["pending"].as_u64().unwrap())
-        .collect();
+    let report: Report<report::Pending> = bench(&args).await;
+    assert_baseline(&report);
+    let readings = &report.body.readings;
+    let pending: Vec<u64> = readings.iter().map(|r| r.pending).collect();
     assert_eq!(pending, vec![0, 200, 600]);
     for r in readings {
-        assert!(r["broker_total_bytes"].as_u64().unwrap() > 0, "{r}");
-        assert!(r["bridge_rss_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(r.broker_total_bytes > 0, "{r:?}");
+        assert!(r.bridge_rss_bytes > 0, "{r:?}");
     }
     // Each step's intake cost; none before the first.
-    assert!(readings[0]["intake_cost"].is_null());
+    assert!(readings[0].intake_cost.is_none());
     for r in &readings[1..] {
-        assert_cost(&r["intake_cost"]);
+        assert_cost(r.intake_cost.as_ref().expect("an intake cost"));
     }
     // classic levels: broker memory per message, RSS limit, RSS flat
-    assert_targets(&json, 3);
+    assert_targets(&report, 3);
 }
 
 #[tokio::test]
 async fn bench_cancel_horizon_smoke() {
-    let json = bench_with(
+    let report: Report<report::CancelHorizon> = bench_with(
         "1s",
         100,
         &[
@@ -304,21 +300,21 @@ async fn bench_cancel_horizon_smoke() {
         ],
     )
     .await;
-    assert_baseline(&json);
+    assert_baseline(&report);
+    let horizon = &report.body;
     assert!(
-        json["broker_cpu_us_per_msg"].as_f64().is_some(),
-        "the broker process was not found: {json}"
+        horizon.cost.broker_cpu_us_per_msg.is_some(),
+        "the broker process was not found: {report:?}"
     );
-    assert!(json["broker_cpu_ratio"].as_f64().is_some(), "{json}");
-    let rows = json["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0]["lead_ms"], 1000);
+    assert!(horizon.cost.broker_cpu_ratio.is_some(), "{report:?}");
+    assert_eq!(horizon.rows.len(), 2);
+    assert_eq!(horizon.rows[0].lead_ms, 1000);
     assert_eq!(
-        rows[0]["honoured"], 2,
-        "a cancel 1 s ahead always wins: {json}"
+        horizon.rows[0].honoured, 2,
+        "a cancel 1 s ahead always wins: {report:?}"
     );
     assert_eq!(
-        json["dropped"].as_u64().unwrap() + json["delivered"].as_u64().unwrap(),
+        horizon.dropped + horizon.delivered,
         4 + 1,
         "every message either dropped or delivered (plus the sentinel)"
     );
@@ -328,20 +324,23 @@ async fn bench_cancel_horizon_smoke() {
 async fn bench_tombstones_smoke() {
     let mut args = vec!["tombstones", "--count", "2000"];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    assert_eq!(json["count"], 2000);
-    assert_cost(&json["read_cost"]);
+    let report: Report<report::Tombstones> = bench(&args).await;
+    assert_baseline(&report);
+    let tombstones = &report.body;
+    assert_eq!(tombstones.count, 2000);
+    assert_cost(&tombstones.read_cost);
     assert!(
-        json["append_broker_cpu_us_per_tombstone"]
-            .as_f64()
-            .is_some(),
-        "{json}"
+        tombstones.append_broker_cpu_us_per_tombstone.is_some(),
+        "{report:?}"
     );
-    for key in ["ready_empty_s", "ready_full_s", "publish_s"] {
-        assert!(json[key].as_f64().unwrap() > 0.0, "{key}: {json}");
+    for (name, seconds) in [
+        ("ready_empty_s", tombstones.ready_empty_s),
+        ("ready_full_s", tombstones.ready_full_s),
+        ("publish_s", tombstones.publish_s),
+    ] {
+        assert!(seconds > 0.0, "{name}: {report:?}");
     }
-    assert!(json["rss_full_bytes"].as_u64().unwrap() > 0, "{json}");
+    assert!(tombstones.rss_full_bytes > 0, "{report:?}");
 }
 
 /// A rate, a duration or a limit of 0, below 0 or not a number is refused when the command
@@ -421,31 +420,30 @@ async fn bench_mixed_smoke() {
         &svg_arg,
     ];
     args.extend(SMALL_BASELINE);
-    let json = bench(&args).await;
-    assert_baseline(&json);
-    for outcome in [
-        "missing",
-        "doubled",
-        "cancel_lost",
-        "unparked",
-        "misparked",
-        "strays",
+    let report: Report<report::Mixed> = bench(&args).await;
+    assert_baseline(&report);
+    let mixed = &report.body;
+    for (outcome, count) in [
+        ("missing", mixed.missing),
+        ("doubled", mixed.doubled),
+        ("cancel_lost", mixed.cancel_lost),
+        ("unparked", mixed.unparked),
+        ("misparked", mixed.misparked),
+        ("strays", mixed.strays),
     ] {
-        assert_eq!(json[outcome], 0, "{outcome}: {json}");
+        assert_eq!(count, 0, "{outcome}: {report:?}");
     }
-    let minutes = json["minutes_due"]
-        .as_object()
-        .expect("minutes by due time");
+    let first = &mixed.minutes_due["01"];
     assert!(
-        minutes["01"]["small"]["count"].as_u64().unwrap() > 5_000,
-        "{json}"
+        first.small.expect("small messages").count > 5_000,
+        "{report:?}"
     );
-    assert_eq!(minutes["01"]["large_due"], 3);
-    assert_eq!(minutes["01"]["burst_due"], 600);
-    assert_targets(&json, 4);
+    assert_eq!(first.large_due, 3);
+    assert_eq!(first.burst_due, 600);
+    assert_targets(&report, 4);
     assert_eq!(
-        target(&json, "every message as it should end")["verdict"],
-        "PASS"
+        verdict(&report, "every message as it should end"),
+        Verdict::Pass
     );
     let picture = std::fs::read_to_string(&svg).expect("the picture is drawn");
     assert!(

@@ -4,12 +4,12 @@
 //! lateness is reported, not asserted, at these sizes. The cluster scenarios (node loss,
 //! broker crash) need brokers of their own and run in `scripts/faults.sh` only.
 
-use serde_json::Value;
+use delay_bridge_bench::report::{Fault, Report, Verdict};
 
 use crate::bench::bench;
 
 /// `scenario` with a small load (`count` messages at 500/s, delays of 1-3 s) and `extra`.
-async fn reduced(scenario: &str, count: &str, extra: &[&str]) -> Value {
+async fn reduced(scenario: &str, count: &str, extra: &[&str]) -> Report<Fault> {
     let mut args = vec![
         scenario,
         "--count",
@@ -25,47 +25,49 @@ async fn reduced(scenario: &str, count: &str, extra: &[&str]) -> Value {
     bench(&args).await
 }
 
-fn assert_nothing_missing(json: &Value) {
-    assert_eq!(json["missing"], 0, "{json}");
-    assert_eq!(json["targets"][0]["verdict"], "PASS", "{json}");
+fn assert_nothing_missing(report: &Report<Fault>) {
+    assert_eq!(report.body.missing, 0, "{report:?}");
+    assert_eq!(report.targets[0].verdict, Verdict::Pass, "{report:?}");
 }
 
 #[tokio::test]
 async fn fault_connection_cuts_reduced() {
-    let json = reduced(
+    let report = reduced(
         "connection-cuts",
         "1500",
         &["--every", "1s", "--cut-for", "3s"],
     )
     .await;
-    assert_nothing_missing(&json);
-    assert!(json["cuts"].as_u64().unwrap() >= 1, "{json}");
+    assert_nothing_missing(&report);
+    assert!(report.body.fault.cuts.expect("cuts") >= 1, "{report:?}");
 }
 
 #[tokio::test]
 async fn fault_bridge_chaos_reduced() {
-    let json = reduced(
+    let report = reduced(
         "bridge-chaos",
         "2000",
         &["--min-pause", "1s", "--max-pause", "2s"],
     )
     .await;
-    assert_nothing_missing(&json);
-    assert!(json["kills"].as_u64().unwrap() >= 1, "{json}");
-    assert_eq!(json["targets"][1]["verdict"], "PASS", "{json}");
+    assert_nothing_missing(&report);
+    assert!(report.body.fault.kills.expect("kills") >= 1, "{report:?}");
+    assert_eq!(report.targets[1].verdict, Verdict::Pass, "{report:?}");
 }
 
 #[tokio::test]
 async fn fault_fuzz_reduced() {
-    let json = bench(&["fuzz", "--count", "500"]).await;
-    assert_nothing_missing(&json);
-    assert_eq!(json["bridge_reconnects"], 0, "{json}");
-    assert_eq!(json["count"], 500);
-    let delivered = json["delivered"].as_u64().unwrap();
-    let parked = json["parked"].as_u64().unwrap();
-    assert!(delivered + parked >= 500, "{json}");
-    assert!(delivered > 0 && parked > 0, "some of each: {json}");
-    for t in json["targets"].as_array().unwrap() {
-        assert_eq!(t["verdict"], "PASS", "{json}");
+    let report: Report<Fault> = bench(&["fuzz", "--count", "500"]).await;
+    assert_nothing_missing(&report);
+    let fuzz = &report.body;
+    assert_eq!(fuzz.fault.bridge_reconnects, Some(0), "{report:?}");
+    assert_eq!(fuzz.count, 500);
+    assert!(fuzz.delivered + fuzz.parked >= 500, "{report:?}");
+    assert!(
+        fuzz.delivered > 0 && fuzz.parked > 0,
+        "some of each: {report:?}"
+    );
+    for t in &report.targets {
+        assert_eq!(t.verdict, Verdict::Pass, "{report:?}");
     }
 }
