@@ -95,57 +95,123 @@ fn exchange_name(key: &str, value: &Option<String>) -> Result<String, ConfigErro
     Ok(name.to_string())
 }
 
+/// `broker.url` or `broker.urls` (one of them; the default URL when neither is given).
+fn broker_urls(
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+) -> Result<Vec<BrokerUrl>, ConfigError> {
+    match (url, urls) {
+        (Some(_), Some(_)) => Err(invalid(
+            "broker",
+            "url and urls",
+            "give either `url` (one broker) or `urls` (several), not both",
+        )),
+        (None, Some(list)) if list.is_empty() => {
+            Err(invalid("broker.urls", "[]", "name at least one broker"))
+        }
+        (None, Some(list)) => list.iter().map(|u| BrokerUrl::parse(u)).collect(),
+        (url, None) => Ok(vec![BrokerUrl::parse(
+            url.as_deref().unwrap_or(DEFAULT_URL),
+        )?]),
+    }
+}
+
+/// `topology.prefix`: letters, digits and `- _ . :`, at least one.
+fn prefix(prefix: Option<String>) -> Result<String, ConfigError> {
+    let prefix = prefix.unwrap_or_else(|| defaults::PREFIX.to_string());
+    if prefix.is_empty()
+        || !prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        return Err(invalid(
+            "topology.prefix",
+            &prefix,
+            "use letters, digits and - _ . : only, at least one character",
+        ));
+    }
+    Ok(prefix)
+}
+
+/// `topology.queue_type`: `classic` or `quorum`.
+fn queue_type(text: Option<&str>) -> Result<QueueType, ConfigError> {
+    match text.unwrap_or(defaults::QUEUE_TYPE) {
+        "classic" => Ok(QueueType::Classic),
+        "quorum" => Ok(QueueType::Quorum),
+        other => Err(invalid(
+            "topology.queue_type",
+            other,
+            "must be `classic` or `quorum`",
+        )),
+    }
+}
+
+/// The `[[route]]` tables: at least one; each ingress its own, never the target, never
+/// one of the bridge's own exchanges.
+fn routes(raws: &[RawRoute], names: &Names) -> Result<Vec<Route>, ConfigError> {
+    if raws.is_empty() {
+        return Err(invalid(
+            "route",
+            "[]",
+            "at least one [[route]] with `ingress` and `target` is needed",
+        ));
+    }
+    let mut routes = Vec::with_capacity(raws.len());
+    for (i, raw) in raws.iter().enumerate() {
+        let ingress = exchange_name(&format!("route[{i}].ingress"), &raw.ingress)?;
+        let target = exchange_name(&format!("route[{i}].target"), &raw.target)?;
+        if ingress == target {
+            return Err(invalid(
+                &format!("route[{i}].target"),
+                &target,
+                "the target cannot be the route's own ingress exchange",
+            ));
+        }
+        let own = [
+            names.work_exchange(),
+            names.parked_exchange(),
+            names.cancel_exchange(),
+        ];
+        if own.contains(&ingress) || own.contains(&target) {
+            return Err(invalid(
+                &format!("route[{i}]"),
+                format!("{ingress} -> {target}"),
+                "a route cannot use the bridge's own work, parked or cancel exchange",
+            ));
+        }
+        if routes.iter().any(|r: &Route| r.ingress == ingress) {
+            return Err(invalid(
+                &format!("route[{i}].ingress"),
+                &ingress,
+                "two routes share this ingress exchange",
+            ));
+        }
+        let ingress_kind = match raw.ingress_type.as_deref() {
+            None | Some("fanout") => IngressKind::Fanout,
+            Some("headers") => IngressKind::Headers,
+            Some(other) => {
+                return Err(invalid(
+                    &format!("route[{i}].ingress_type"),
+                    other,
+                    "`fanout` or `headers`",
+                ));
+            }
+        };
+        routes.push(Route {
+            ingress,
+            target,
+            ingress_kind,
+        });
+    }
+    Ok(routes)
+}
+
 impl RawConfig {
     /// Checks every key and builds the validated config.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let urls = match (self.broker.url, self.broker.urls) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "broker",
-                    "url and urls",
-                    "give either `url` (one broker) or `urls` (several), not both",
-                ));
-            }
-            (None, Some(list)) if list.is_empty() => {
-                return Err(invalid("broker.urls", "[]", "name at least one broker"));
-            }
-            (None, Some(list)) => list
-                .iter()
-                .map(|u| BrokerUrl::parse(u))
-                .collect::<Result<Vec<_>, _>>()?,
-            (url, None) => vec![BrokerUrl::parse(url.as_deref().unwrap_or(DEFAULT_URL))?],
-        };
-        let prefix = self
-            .topology
-            .prefix
-            .unwrap_or_else(|| defaults::PREFIX.to_string());
-        if prefix.is_empty()
-            || !prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-        {
-            return Err(invalid(
-                "topology.prefix",
-                &prefix,
-                "use letters, digits and - _ . : only, at least one character",
-            ));
-        }
-        let queue_type = match self
-            .topology
-            .queue_type
-            .as_deref()
-            .unwrap_or(defaults::QUEUE_TYPE)
-        {
-            "classic" => QueueType::Classic,
-            "quorum" => QueueType::Quorum,
-            other => {
-                return Err(invalid(
-                    "topology.queue_type",
-                    other,
-                    "must be `classic` or `quorum`",
-                ));
-            }
-        };
+        let urls = broker_urls(self.broker.url, self.broker.urls)?;
+        let prefix = prefix(self.topology.prefix)?;
+        let queue_type = queue_type(self.topology.queue_type.as_deref())?;
         let ladder = Ladder::parse(self.delays.ladder.as_deref().unwrap_or(defaults::LADDER))?;
         let margin = self.delays.margin.unwrap_or(defaults::MARGIN);
         if margin >= Duration::from_secs(60) || !margin.subsec_nanos().is_multiple_of(1_000_000) {
@@ -251,60 +317,7 @@ impl RawConfig {
                 "too long: queue names built from it exceed 255 bytes",
             ));
         }
-        if self.routes.is_empty() {
-            return Err(invalid(
-                "route",
-                "[]",
-                "at least one [[route]] with `ingress` and `target` is needed",
-            ));
-        }
-        let mut routes = Vec::with_capacity(self.routes.len());
-        for (i, raw) in self.routes.iter().enumerate() {
-            let ingress = exchange_name(&format!("route[{i}].ingress"), &raw.ingress)?;
-            let target = exchange_name(&format!("route[{i}].target"), &raw.target)?;
-            if ingress == target {
-                return Err(invalid(
-                    &format!("route[{i}].target"),
-                    &target,
-                    "the target cannot be the route's own ingress exchange",
-                ));
-            }
-            let own = [
-                names.work_exchange(),
-                names.parked_exchange(),
-                names.cancel_exchange(),
-            ];
-            if own.contains(&ingress) || own.contains(&target) {
-                return Err(invalid(
-                    &format!("route[{i}]"),
-                    format!("{ingress} -> {target}"),
-                    "a route cannot use the bridge's own work, parked or cancel exchange",
-                ));
-            }
-            if routes.iter().any(|r: &Route| r.ingress == ingress) {
-                return Err(invalid(
-                    &format!("route[{i}].ingress"),
-                    &ingress,
-                    "two routes share this ingress exchange",
-                ));
-            }
-            let ingress_kind = match raw.ingress_type.as_deref() {
-                None | Some("fanout") => IngressKind::Fanout,
-                Some("headers") => IngressKind::Headers,
-                Some(other) => {
-                    return Err(invalid(
-                        &format!("route[{i}].ingress_type"),
-                        other,
-                        "`fanout` or `headers`",
-                    ));
-                }
-            };
-            routes.push(Route {
-                ingress,
-                target,
-                ingress_kind,
-            });
-        }
+        let routes = routes(&self.routes, &names)?;
         let management = self.management.validate()?;
         let metrics = self.metrics.validate()?;
         let tls = self.tls.validate(&urls)?;
