@@ -1,10 +1,12 @@
-//! Deliveries lapin cannot read, taken out of the work queue so they cannot stall it.
+//! What lapin cannot read, where lapin still reads: the parked queue (`parked` commands)
+//! and the cancel stream (the bridge's follower and `status`). The bridge's work and returns
+//! queues are consumed on the project's own connection, which hands such a delivery over as
+//! bytes for the carrier to park within the session.
 //!
 //! AMQP says short strings (header names, most properties, the routing key) are UTF-8, but
 //! the broker passes on whatever bytes a publisher sent. lapin fails its whole connection on
-//! such a delivery; the broker hands the message to the next session, which fails the same
-//! way, for ever, and no other message moves. After a session failed so, the bridge runs
-//! [`sweep`]: a bare connection ([`super::bare`]) consumes the work queue, parks every
+//! such a delivery; the broker hands the message to the next consumer, which fails the same
+//! way. [`sweep`]: a bare connection ([`super::bare`]) consumes a queue, parks every
 //! delivery lapin cannot read as a message it can (the original's properties kept as bytes
 //! in a header, its body as it was), acks it once the broker confirmed the parked copy, and
 //! closes, which gives every readable delivery it took back to the queue.
@@ -262,7 +264,7 @@ async fn next_delivery<S: AsyncRead + AsyncWrite + Unpin>(
         | Some(AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => return Ok(Next::Cancelled),
         _ => {}
     }
-    let Some(fields) = deliver_fields(&deliver.payload) else {
+    let Some(fields) = super::wire::raw_deliver(&deliver.payload) else {
         return Err(unexpected(&deliver, "a delivery"));
     };
     let header = bare.read().await?;
@@ -282,8 +284,8 @@ async fn next_delivery<S: AsyncRead + AsyncWrite + Unpin>(
         body.extend(part.payload);
     }
     Ok(Next::Delivery(Box::new(Delivery {
-        tag: fields.tag,
-        routing_key: fields.routing_key.to_vec(),
+        tag: fields.delivery_tag,
+        routing_key: fields.routing_key,
         method_readable: method.is_some(),
         header: header.payload,
         properties,
@@ -319,35 +321,6 @@ fn unexpected(frame: &RawFrame, due: &str) -> SweepError {
         "a frame of type {} on channel {} where {due} was due",
         frame.kind, frame.channel
     )))
-}
-
-/// What a sweep needs of a `basic.deliver` method frame, read without lapin's parser.
-#[derive(Debug, PartialEq, Eq)]
-struct DeliverFields<'a> {
-    tag: u64,
-    routing_key: &'a [u8],
-}
-
-/// Reads `basic.deliver`'s delivery tag and routing key from its payload (class and method
-/// ids, consumer tag, delivery tag, redelivered, exchange, routing key); `None` when the
-/// payload is not a `basic.deliver`.
-fn deliver_fields(payload: &[u8]) -> Option<DeliverFields<'_>> {
-    fn short_string<'a>(bytes: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
-        let len = usize::from(*bytes.get(*at)?);
-        let text = bytes.get(*at + 1..*at + 1 + len)?;
-        *at += 1 + len;
-        Some(text)
-    }
-    if payload.get(..4)? != [0, 60, 0, 60] {
-        return None;
-    }
-    let mut at = 4;
-    short_string(payload, &mut at)?;
-    let tag = u64::from_be_bytes(payload.get(at..at + 8)?.try_into().ok()?);
-    at += 9;
-    short_string(payload, &mut at)?;
-    let routing_key = short_string(payload, &mut at)?;
-    Some(DeliverFields { tag, routing_key })
 }
 
 /// The `x-stream-offset` header in raw content-header properties (flags, then the
@@ -406,39 +379,6 @@ fn value_len(tag: u8, value: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn deliver(consumer_tag: &[u8], tag: u64, exchange: &[u8], routing_key: &[u8]) -> Vec<u8> {
-        let mut payload = vec![0, 60, 0, 60];
-        for (i, part) in [consumer_tag, exchange, routing_key]
-            .into_iter()
-            .enumerate()
-        {
-            payload.push(part.len() as u8);
-            payload.extend_from_slice(part);
-            if i == 0 {
-                payload.extend_from_slice(&tag.to_be_bytes());
-                payload.push(1);
-            }
-        }
-        payload
-    }
-
-    #[test]
-    fn a_deliver_with_a_routing_key_that_is_not_utf8_is_read_by_hand() {
-        let payload = deliver(b"ctag", 42, b"ex", &[0xff, b'k']);
-        assert_eq!(
-            deliver_fields(&payload),
-            Some(DeliverFields {
-                tag: 42,
-                routing_key: &[0xff, b'k'],
-            })
-        );
-        assert!(
-            amq_protocol::protocol::parse_class(&payload[..]).is_err(),
-            "lapin's parser refuses it"
-        );
-        assert!(amq_protocol::protocol::parse_class(&deliver(b"c", 1, b"e", b"k")[..]).is_ok());
-    }
-
     #[test]
     fn the_stream_offset_is_read_past_a_name_lapin_refuses() {
         let mut table = Vec::new();
@@ -464,15 +404,5 @@ mod tests {
         assert_eq!(raw_stream_offset(&properties), Some(42));
         assert_eq!(raw_stream_offset(&properties[..properties.len() - 1]), None);
         assert_eq!(raw_stream_offset(&0u16.to_be_bytes()), None, "no headers");
-    }
-
-    #[test]
-    fn other_methods_and_cut_payloads_are_no_deliver() {
-        let payload = deliver(b"ctag", 42, b"ex", b"key");
-        assert_eq!(deliver_fields(&payload[..payload.len() - 1]), None);
-        let mut ack = payload.clone();
-        ack[3] = 80;
-        assert_eq!(deliver_fields(&ack), None);
-        assert_eq!(deliver_fields(&[]), None);
     }
 }

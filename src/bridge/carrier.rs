@@ -29,6 +29,7 @@ use crate::contract::{
 
 mod bundles;
 mod planner;
+mod unreadable;
 
 use planner::{Decision, Rules, Situation};
 
@@ -107,6 +108,8 @@ enum Prepared {
     One(Result<Decoded, Box<Undecodable>>),
     /// A bundle of messages that hopped together.
     Bundle(bundles::PreparedBundle),
+    /// A delivery the AMQP codec cannot read in full, and its body: parked.
+    Unreadable(Box<wire::Raw>, Vec<u8>),
 }
 
 /// Where a publish goes: the bridge's own topology (a level or the parked queue), or a
@@ -218,15 +221,20 @@ impl Carrier {
             && bundle::is_bundle(&delivery.properties);
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
-        let prepared = if is_bundle {
-            Prepared::Bundle(carrier.prepare_bundle(tag, delivery, redeliveries))
-        } else {
-            Prepared::One(carrier.prepare(tag, delivery, redeliveries))
+        let prepared = match delivery.unreadable {
+            Some(raw) => Prepared::Unreadable(raw, delivery.data),
+            None if is_bundle => {
+                Prepared::Bundle(carrier.prepare_bundle(tag, delivery, redeliveries))
+            }
+            None => Prepared::One(carrier.prepare(tag, delivery, redeliveries)),
         };
         tokio::spawn(async move {
             let outcome = match &prepared {
                 Prepared::One(one) => carrier.carry_prepared(one).await,
                 Prepared::Bundle(bundle) => Box::pin(carrier.carry_bundle(bundle)).await,
+                Prepared::Unreadable(raw, body) => {
+                    Box::pin(carrier.park_unreadable(tag, raw, body)).await
+                }
             };
             if let (Outcome::Done, Some(fingerprint)) = (&outcome, redelivered) {
                 carrier

@@ -30,7 +30,6 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp;
 use crate::cancel::TombstoneSet;
 use crate::config::Config;
-use crate::contract::ParkReason;
 use crate::topology::Topology;
 
 pub use error::BridgeError;
@@ -149,12 +148,13 @@ impl Bridge {
                     return Err(e);
                 }
                 Err(e) => {
-                    // A delivery lapin cannot read fails every session that receives it:
-                    // take it out of the work queue and start again at once. When there
-                    // is none there (the frame came on another channel), this is a loss
-                    // like any other.
+                    // A cancel stream entry lapin cannot read fails every follower that
+                    // starts in its chunk: read the stream apart past it and start again at
+                    // once. When there is none (the frame came elsewhere), this is a loss
+                    // like any other. (The work and returns queues are read by the
+                    // project's own connection, which parks such a delivery in the session.)
                     if e.is_unreadable_frame()
-                        && self.sweep_unreadable(&config.urls[broker], &e).await > 0
+                        && self.skip_unreadable_cancels(&config.urls[broker], &e).await > 0
                     {
                         self.ready_tx.send_replace(false);
                         self.shared.stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -184,35 +184,21 @@ impl Bridge {
         }
     }
 
-    /// After `lost`, takes what the AMQP client cannot read out of its way, within
-    /// [`SWEEP_TIMEOUT`]: parks such deliveries at the head of the work and returns queues
-    /// ([`amqp::unreadable::sweep`]), and when there is none, reads the cancel stream apart
-    /// past such entries ([`amqp::unreadable::read_stream`]). Gives how many it parked or
-    /// skipped. A failure is logged: the next session that meets such a frame fails again,
-    /// and this runs again.
-    async fn sweep_unreadable(&self, url: &crate::config::BrokerUrl, lost: &BridgeError) -> u64 {
+    /// After `lost`, reads the cancel stream apart past the entries lapin cannot read
+    /// ([`amqp::unreadable::read_stream`]), within [`SWEEP_TIMEOUT`], applying those it
+    /// can. Gives how many it skipped. A failure is logged: the next session that meets
+    /// such a frame fails again, and this runs again.
+    async fn skip_unreadable_cancels(
+        &self,
+        url: &crate::config::BrokerUrl,
+        lost: &BridgeError,
+    ) -> u64 {
         tracing::warn!(
-            "{lost}: the AMQP client cannot read a frame; looking for deliveries it cannot read in the work and returns queues"
+            "{lost}: the AMQP client cannot read a frame; reading the cancel stream apart past the entries it cannot read"
         );
         let shared = &self.shared;
         let config = &shared.config;
-        let swept = tokio::time::timeout(SWEEP_TIMEOUT, async {
-            let mut swept = amqp::unreadable::Swept::default();
-            for queue in [config.names.work_queue(), config.names.returns_queue()] {
-                let one = amqp::unreadable::sweep(
-                    url,
-                    &config.names,
-                    &queue,
-                    config.prefetch,
-                    SWEEP_IDLE,
-                )
-                .await?;
-                swept.readable += one.readable;
-                swept.parked += one.parked;
-            }
-            if swept.parked > 0 {
-                return Ok((swept, 0));
-            }
+        let skipped = tokio::time::timeout(SWEEP_TIMEOUT, async {
             let from = *shared.stream_next_offset.lock().expect("offset lock");
             let mut skipped = 0;
             let read =
@@ -224,34 +210,23 @@ impl Bridge {
                 })
                 .await?;
             tracing::info!(read, skipped, "read the cancel stream apart");
-            Ok::<_, amqp::unreadable::SweepError>((swept, skipped))
+            Ok::<_, amqp::unreadable::SweepError>(skipped)
         })
         .await;
-        match swept {
-            Ok(Ok((swept, skipped))) => {
-                shared
-                    .stats
-                    .parked
-                    .fetch_add(swept.parked, Ordering::Relaxed);
-                for _ in 0..swept.parked {
-                    shared.instruments.parked(ParkReason::Unreadable);
-                }
+        match skipped {
+            Ok(Ok(skipped)) => {
                 tracing::warn!(
-                    parked = swept.parked,
-                    given_back = swept.readable,
                     skipped_in_cancel_stream = skipped,
-                    "took what the AMQP client cannot read out of its way (work and returns queues: parked `unreadable`)"
+                    "read the cancel stream apart past what the AMQP client cannot read"
                 );
-                swept.parked + skipped
+                skipped
             }
             Ok(Err(e)) => {
-                tracing::error!("taking what the AMQP client cannot read out of its way: {e}");
+                tracing::error!("reading the cancel stream apart: {e}");
                 0
             }
             Err(_) => {
-                tracing::error!(
-                    "taking what the AMQP client cannot read out of its way took over {SWEEP_TIMEOUT:?}"
-                );
+                tracing::error!("reading the cancel stream apart took over {SWEEP_TIMEOUT:?}");
                 0
             }
         }

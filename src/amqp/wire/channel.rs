@@ -8,13 +8,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, confirm, exchange};
 use lapin::types::{FieldTable, ShortString};
 use tokio::sync::{mpsc, oneshot};
 
 use super::confirms::Confirms;
-use super::content::{Carrier, Content, Incoming, Step};
+use super::content::{Carrier, Content, Incoming, Malformed, Raw, RawDeliver, Step};
 use super::{Inner, WireError};
 
 /// What the broker said of a publish.
@@ -42,6 +41,10 @@ pub struct Delivery {
     pub properties: BasicProperties,
     /// Its body (named as lapin names it).
     pub data: Vec<u8>,
+    /// What of it could not be read (a routing key, a header name or a property that is
+    /// not UTF-8), as sent; `exchange`, `routing_key` and `properties` then hold what could
+    /// be (names made UTF-8, default properties). Its consumer sets such a delivery aside.
+    pub unreadable: Option<Box<Raw>>,
 }
 
 /// A mandatory publish the broker could not route, given back.
@@ -217,8 +220,21 @@ impl ChannelShared {
         Ok(())
     }
 
-    /// A content header the broker sent on this channel.
-    pub(super) fn on_header(&self, header: AMQPContentHeader) -> Result<(), WireError> {
+    /// A `basic.deliver` the codec cannot read, read by hand: its content follows.
+    pub(super) fn on_raw_deliver(&self, deliver: RawDeliver) -> Result<(), WireError> {
+        let mut state = self.state();
+        if state.incoming.is_some() {
+            return Err(WireError::Unexpected(format!(
+                "a delivery on channel {} where a message's frames were due",
+                self.id
+            )));
+        }
+        state.incoming = Some(Incoming::new(Carrier::RawDeliver(deliver)));
+        Ok(())
+    }
+
+    /// A content header frame's payload the broker sent on this channel.
+    pub(super) fn on_header(&self, payload: &[u8]) -> Result<(), WireError> {
         let mut state = self.state();
         let incoming = state.incoming.take().ok_or_else(|| {
             WireError::Unexpected(format!(
@@ -226,7 +242,12 @@ impl ChannelShared {
                 self.id
             ))
         })?;
-        let step = incoming.header(header).map_err(WireError::Unexpected)?;
+        let step = incoming
+            .header_frame(payload)
+            .map_err(|malformed| match malformed {
+                Malformed::OutOfPlace(text) => WireError::Unexpected(text),
+                Malformed::Unreadable(text) => WireError::Unreadable(text),
+            })?;
         arrive(&mut state, step);
         Ok(())
     }
@@ -262,8 +283,10 @@ fn arrive(state: &mut ChannelState, step: Step) {
     let Content {
         carrier,
         properties,
+        raw,
         body,
     } = content;
+    let unreadable = raw.map(Box::new);
     match carrier {
         Carrier::Deliver(deliver) => {
             // A consumer that is gone leaves the delivery unacked: the broker gives it
@@ -276,6 +299,21 @@ fn arrive(state: &mut ChannelState, step: Step) {
                     routing_key: deliver.routing_key,
                     properties,
                     data: body,
+                    unreadable,
+                });
+            }
+        }
+        Carrier::RawDeliver(deliver) => {
+            let tag = lossy_short_string(&deliver.consumer_tag);
+            if let Some(consumer) = state.consumers.get(&tag) {
+                let _ = consumer.send(Delivery {
+                    delivery_tag: deliver.delivery_tag,
+                    redelivered: deliver.redelivered,
+                    exchange: lossy_short_string(&deliver.exchange),
+                    routing_key: lossy_short_string(&deliver.routing_key),
+                    properties,
+                    data: body,
+                    unreadable,
                 });
             }
         }
@@ -292,6 +330,17 @@ fn arrive(state: &mut ChannelState, step: Step) {
             }
         }
     }
+}
+
+/// `bytes` as a short string: made UTF-8 (each invalid sequence replaced) and cut to the
+/// 255 bytes a short string holds, at a character boundary.
+fn lossy_short_string(bytes: &[u8]) -> ShortString {
+    let text = String::from_utf8_lossy(bytes);
+    let mut end = text.len().min(255);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    ShortString::from(&text[..end])
 }
 
 /// A handle on an open channel. Clones share the channel.

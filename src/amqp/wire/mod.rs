@@ -43,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 pub use channel::{
     Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned, Settle,
 };
+pub use content::Raw;
+pub(crate) use content::raw_deliver;
 
 use super::bare::{Bare, BareError, Tuned, open_stream};
 use crate::config::BrokerUrl;
@@ -80,8 +82,9 @@ pub enum WireError {
         /// The reply text.
         text: String,
     },
-    /// The broker sent a frame this client cannot read (a short string that is not UTF-8,
-    /// say). The connection is failed, as lapin fails it.
+    /// The broker sent a frame this client cannot read (a short string that is not UTF-8
+    /// in a method other than a delivery, say). A delivery is handed to its consumer with
+    /// what could not be read as bytes ([`Raw`]); anything else fails the connection.
     #[error("the broker sent a frame this client cannot read: {0}")]
     Unreadable(String),
     /// The broker sent something out of place.

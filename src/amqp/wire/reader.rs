@@ -1,6 +1,5 @@
 //! The task that reads the broker's frames and hands each to its channel.
 
-use amq_protocol::frame::parsing::parse_content_header;
 use amq_protocol::protocol::parse_class;
 use futures::{AsyncRead, AsyncReadExt};
 
@@ -59,12 +58,16 @@ async fn read_frame<R: AsyncRead + Unpin>(
         return Ok(());
     };
     match kind {
-        FRAME_METHOD => shared.on_method(inner, parse_method(kind, payload)?),
-        FRAME_HEADER => {
-            let (_, header) = parse_content_header(&payload[..])
-                .map_err(|e| WireError::Unreadable(format!("a content header: {e:?}")))?;
-            shared.on_header(header)
-        }
+        FRAME_METHOD => match parse_method(kind, payload) {
+            Ok(method) => shared.on_method(inner, method),
+            // A delivery whose exchange or routing key is not UTF-8: its consumer gets it
+            // with those as bytes (see `content`).
+            Err(error) => match super::content::raw_deliver(payload) {
+                Some(deliver) => shared.on_raw_deliver(deliver),
+                None => Err(error),
+            },
+        },
+        FRAME_HEADER => shared.on_header(payload),
         FRAME_BODY => shared.on_body(payload),
         other => Err(WireError::Unexpected(format!("a frame of type {other}"))),
     }
