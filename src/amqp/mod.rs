@@ -5,6 +5,7 @@
 pub mod bare;
 pub mod broker_version;
 mod depth;
+pub(crate) mod stream_offset;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod targets;

@@ -5,21 +5,25 @@
 //! Catching up over AMQP 0-9-1 has no "end of stream" signal, so the follower appends a
 //! catch-up marker with a random token (publisher-confirmed) and reads until it sees it:
 //! every tombstone confirmed before the marker has then been read.
+//!
+//! It reads on the session's consuming connection (the project's own), which hands over an
+//! entry its codec cannot read (a short string that is not UTF-8, appended by hand) as
+//! bytes: nothing can be removed from a stream, so such an entry is skipped, with an error
+//! that names its offset, and the follower goes on.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Channel, Connection};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::Publisher;
-use crate::amqp::{Published, unreadable};
+use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
+use crate::amqp::wire::{self, Channel, Consumer, Delivery};
+use crate::amqp::Published;
 use crate::cancel::{Inserted, StreamEntry, read_entry, sync_properties};
 use crate::clock::now_ms;
 
@@ -35,19 +39,19 @@ const SWEEP_AT_MOST: Duration = Duration::from_secs(30);
 /// channel or connection is lost, or `Ok` when `stop` fires).
 pub(super) async fn follow(
     shared: Arc<Shared>,
-    connection: &Connection,
+    connection: &wire::Connection,
     publish: &Publisher,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), BridgeError>>, BridgeError> {
     let stream = shared.config.names.cancel_stream();
     let channel = connection
-        .create_channel()
+        .open_channel()
         .await
-        .map_err(BridgeError::broker("opening the cancel-stream channel"))?;
+        .map_err(BridgeError::wire("opening the cancel-stream channel"))?;
     channel
-        .basic_qos(STREAM_PREFETCH, BasicQosOptions::default())
+        .qos(STREAM_PREFETCH)
         .await
-        .map_err(BridgeError::broker("setting the cancel-stream prefetch"))?;
+        .map_err(BridgeError::wire("setting the cancel-stream prefetch"))?;
     let resume = *shared.stream_next_offset.lock().expect("offset lock");
     let offset = match resume {
         Some(next) => AMQPValue::LongLongInt(next as i64),
@@ -56,16 +60,13 @@ pub(super) async fn follow(
     let mut args = FieldTable::default();
     args.insert("x-stream-offset".into(), offset);
     let consumer = channel
-        .basic_consume(
-            stream.as_str().into(),
-            format!("delay-bridge-cancels-{}", std::process::id())
-                .as_str()
-                .into(),
-            BasicConsumeOptions::default(),
+        .consume(
+            &stream,
+            &format!("delay-bridge-cancels-{}", std::process::id()),
             args,
         )
         .await
-        .map_err(BridgeError::broker("consuming the cancel stream"))?;
+        .map_err(BridgeError::wire("consuming the cancel stream"))?;
 
     let token = format!("{:032x}", rand::random::<u128>());
     let marker = publish
@@ -125,7 +126,7 @@ pub(super) async fn follow(
 async fn run(
     shared: Arc<Shared>,
     channel: Channel,
-    mut consumer: lapin::Consumer,
+    mut consumer: Consumer,
     token: String,
     caught_up: oneshot::Sender<u64>,
     stop: CancellationToken,
@@ -146,57 +147,55 @@ async fn run(
         tokio::select! {
             next = consumer.next() => {
                 let delivery = match next {
-                    Some(Ok(d)) => d,
-                    Some(Err(e)) => return Err(BridgeError::broker("reading the cancel stream")(e)),
-                    None => return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into())),
+                    Ok(Some(d)) => d,
+                    Err(e) => return Err(BridgeError::wire("reading the cancel stream")(e)),
+                    Ok(None) => return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into())),
                 };
                 read += 1;
-                if let Some(offset) = stream_offset(&delivery.properties) {
-                    *shared.stream_next_offset.lock().expect("offset lock") = Some(offset + 1);
-                }
-                if apply(&shared, read_entry(&delivery.properties), &token)
-                    && let Some(tx) = caught_up.take()
-                {
+                if read_one(&shared, &delivery, &token) && let Some(tx) = caught_up.take() {
                     let _ = tx.send(read);
                 }
                 unacked = Some(delivery.delivery_tag);
                 if read.is_multiple_of(ACK_EVERY) || caught_up.is_none() {
-                    ack(&channel, unacked.take()).await?;
+                    ack(&channel, unacked.take())?;
                 }
             }
             _ = tokio::time::sleep(sweep_in) => expire(&shared),
             _ = stop.cancelled() => {
-                let _ = ack(&channel, unacked.take()).await;
-                let _ = channel.close(200, "delay-bridge stopping".into()).await;
+                let _ = ack(&channel, unacked.take());
+                let _ = channel.close().await;
                 return Ok(());
             }
         }
     }
 }
 
-/// Applies an entry that a bare connection read from the stream (after a session failed on
-/// an entry lapin cannot read; see [`crate::amqp::unreadable::read_stream`]) as the
-/// follower would, so that the next follower resumes after it. True when it was such an
-/// entry, skipped.
-pub(super) fn apply_read_apart(shared: &Shared, entry: unreadable::StreamEntry) -> bool {
-    let (offset, skipped) = match entry {
-        unreadable::StreamEntry::Readable(properties) => {
-            // No follower's marker is read here: nothing waits for one.
-            apply(shared, read_entry(&properties), "");
-            (stream_offset(&properties), false)
-        }
-        unreadable::StreamEntry::Unreadable(offset) => {
-            tracing::error!(
-                ?offset,
-                "skipping a cancel-stream entry the AMQP client cannot read (a short string that is not UTF-8): if it was a cancel, it is not applied"
-            );
-            (offset, true)
+/// Applies one delivery from the stream and moves the resume offset past it; true when it
+/// is this follower's own catch-up marker. An entry the codec cannot read is skipped.
+fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> bool {
+    let (offset, marker) = match &delivery.unreadable {
+        None => (
+            stream_offset(&delivery.properties),
+            apply(shared, read_entry(&delivery.properties), token),
+        ),
+        Some(raw) => {
+            let offset = raw_stream_offset(&raw.properties);
+            skip_unreadable(offset);
+            (offset, false)
         }
     };
     if let Some(offset) = offset {
         *shared.stream_next_offset.lock().expect("offset lock") = Some(offset + 1);
     }
-    skipped
+    marker
+}
+
+/// Says that the entry at `offset` is skipped: the codec cannot read it.
+fn skip_unreadable(offset: Option<u64>) {
+    tracing::error!(
+        ?offset,
+        "skipping a cancel-stream entry the AMQP client cannot read (a short string that is not UTF-8): if it was a cancel, it is not applied"
+    );
 }
 
 /// Applies one entry; true when it is this follower's own catch-up marker.
@@ -240,26 +239,11 @@ fn expire(shared: &Shared) {
         .store(set.len() as u64, Ordering::Relaxed);
 }
 
-async fn ack(channel: &Channel, tag: Option<u64>) -> Result<(), BridgeError> {
+fn ack(channel: &Channel, tag: Option<u64>) -> Result<(), BridgeError> {
     if let Some(tag) = tag {
         channel
-            .basic_ack(tag, BasicAckOptions { multiple: true })
-            .await
-            .map_err(BridgeError::broker("acknowledging cancel-stream entries"))?;
+            .ack([(tag, true)])
+            .map_err(BridgeError::wire("acknowledging cancel-stream entries"))?;
     }
     Ok(())
-}
-
-/// The `x-stream-offset` the broker stamps on every stream delivery.
-fn stream_offset(properties: &lapin::BasicProperties) -> Option<u64> {
-    match properties
-        .headers()
-        .as_ref()?
-        .inner()
-        .get("x-stream-offset")?
-    {
-        AMQPValue::LongLongInt(v) if *v >= 0 => Some(*v as u64),
-        AMQPValue::LongInt(v) if *v >= 0 => Some(*v as u64),
-        _ => None,
-    }
 }

@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use crate::amqp::{self, ConnectError};
+use crate::amqp::ConnectError;
 use crate::topology::TopologyError;
 
 /// Why the bridge stopped (or one session of it ended).
@@ -14,16 +14,8 @@ pub enum BridgeError {
     /// Declaring the topology failed.
     #[error(transparent)]
     Topology(#[from] TopologyError),
-    /// A broker operation failed mid-session (connection or channel lost).
-    #[error("{what}: {source}")]
-    Broker {
-        /// What the bridge was doing.
-        what: &'static str,
-        /// The client error.
-        source: lapin::Error,
-    },
-    /// Consuming, acking or opening a publishing channel failed mid-session (connection
-    /// or channel lost).
+    /// Consuming, acking or opening a channel failed mid-session (connection or channel
+    /// lost).
     #[error("{what}: {source}")]
     Wire {
         /// What the bridge was doing.
@@ -61,25 +53,6 @@ impl BridgeError {
             BridgeError::Connect(e) => matches!(e.reply_code(), Some(403 | 530)),
             _ => false,
         }
-    }
-
-    /// True when the AMQP client failed the connection on a frame it could not parse: a
-    /// delivery with a short string that is not UTF-8 (see [`crate::amqp::unreadable`]).
-    pub(super) fn is_unreadable_frame(&self) -> bool {
-        let source = match self {
-            BridgeError::Wire { source, .. }
-            | BridgeError::Publish {
-                source: amqp::PublishError::Broker(source),
-                ..
-            } => return matches!(source, crate::amqp::wire::WireError::Unreadable(_)),
-            BridgeError::Broker { source, .. } => source,
-            _ => return false,
-        };
-        amqp::is_unreadable_frame(source)
-    }
-
-    pub(super) fn broker(what: &'static str) -> impl FnOnce(lapin::Error) -> BridgeError {
-        move |source| BridgeError::Broker { what, source }
     }
 
     pub(super) fn wire(

@@ -19,7 +19,6 @@ mod stats;
 mod stuck;
 mod turns;
 
-use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,18 +147,6 @@ impl Bridge {
                     return Err(e);
                 }
                 Err(e) => {
-                    // A cancel stream entry lapin cannot read fails every follower that
-                    // starts in its chunk: read the stream apart past it and start again at
-                    // once. When there is none (the frame came elsewhere), this is a loss
-                    // like any other. (The work and returns queues are read by the
-                    // project's own connection, which parks such a delivery in the session.)
-                    if e.is_unreadable_frame()
-                        && self.skip_unreadable_cancels(&config.urls[broker], &e).await > 0
-                    {
-                        self.ready_tx.send_replace(false);
-                        self.shared.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
                     // A session that got as far as consuming worked: its loss is news.
                     let worked = self.ready_tx.send_replace(false);
                     if worked {
@@ -180,54 +167,6 @@ impl Bridge {
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }
-            }
-        }
-    }
-
-    /// After `lost`, reads the cancel stream apart past the entries lapin cannot read
-    /// ([`amqp::unreadable::read_stream`]), within [`SWEEP_TIMEOUT`], applying those it
-    /// can. Gives how many it skipped. A failure is logged: the next session that meets
-    /// such a frame fails again, and this runs again.
-    async fn skip_unreadable_cancels(
-        &self,
-        url: &crate::config::BrokerUrl,
-        lost: &BridgeError,
-    ) -> u64 {
-        tracing::warn!(
-            "{lost}: the AMQP client cannot read a frame; reading the cancel stream apart past the entries it cannot read"
-        );
-        let shared = &self.shared;
-        let config = &shared.config;
-        let skipped = tokio::time::timeout(SWEEP_TIMEOUT, async {
-            let from = *shared.stream_next_offset.lock().expect("offset lock");
-            let mut skipped = 0;
-            let read =
-                amqp::unreadable::read_stream(url, &config.names, from, SWEEP_IDLE, |entry| {
-                    if cancels::apply_read_apart(shared, entry) {
-                        skipped += 1;
-                    }
-                    ControlFlow::Continue(())
-                })
-                .await?;
-            tracing::info!(read, skipped, "read the cancel stream apart");
-            Ok::<_, amqp::unreadable::SweepError>(skipped)
-        })
-        .await;
-        match skipped {
-            Ok(Ok(skipped)) => {
-                tracing::warn!(
-                    skipped_in_cancel_stream = skipped,
-                    "read the cancel stream apart past what the AMQP client cannot read"
-                );
-                skipped
-            }
-            Ok(Err(e)) => {
-                tracing::error!("reading the cancel stream apart: {e}");
-                0
-            }
-            Err(_) => {
-                tracing::error!("reading the cancel stream apart took over {SWEEP_TIMEOUT:?}");
-                0
             }
         }
     }
@@ -279,11 +218,6 @@ impl Bridge {
         result
     }
 }
-
-/// How long a sweep for unreadable deliveries may take.
-const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);
-/// A sweep stops when no delivery came for this long.
-const SWEEP_IDLE: Duration = Duration::from_secs(1);
 
 /// How long closing a channel or the connection may take before the bridge goes on without
 /// the broker's answer.

@@ -55,7 +55,7 @@ pub(super) async fn run(
         .map_err(BridgeError::wire("opening the publisher channel"))?;
     let stop = CancellationToken::new();
     let _stop_carriers_on_exit = stop.clone().drop_guard();
-    let follower = cancels::follow(shared.clone(), &connection, &publish, stop.clone()).await?;
+    let follower = cancels::follow(shared.clone(), consuming, &publish, stop.clone()).await?;
     let returns = Consuming::open(consuming, &shared, Inlet::Returns, share()).await?;
     let work = Consuming::open(consuming, &shared, Inlet::Work, share()).await?;
     tokio::spawn(depths::run(
