@@ -5,9 +5,9 @@
 pub mod bare;
 pub mod broker_version;
 mod depth;
-pub(crate) mod stream_offset;
 pub(crate) mod publisher;
 pub(crate) mod returns;
+pub(crate) mod stream_offset;
 pub(crate) mod targets;
 mod tls;
 pub mod unreadable;

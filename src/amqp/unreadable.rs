@@ -121,7 +121,9 @@ pub async fn read_stream(
                 Some(properties) if delivery.method_readable => {
                     StreamEntry::Readable(Box::new(properties))
                 }
-                _ => StreamEntry::Unreadable(super::stream_offset::raw_stream_offset(delivery.header_properties())),
+                _ => StreamEntry::Unreadable(super::stream_offset::raw_stream_offset(
+                    delivery.header_properties(),
+                )),
             };
             if each(entry).is_break() {
                 return Ok(read);

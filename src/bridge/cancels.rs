@@ -20,10 +20,10 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{BridgeError, Shared};
+use crate::amqp::Published;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
-use crate::amqp::Published;
 use crate::cancel::{Inserted, StreamEntry, read_entry, sync_properties};
 use crate::clock::now_ms;
 

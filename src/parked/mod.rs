@@ -4,12 +4,12 @@
 //! channel of their own, and whatever was not acknowledged goes back to the queue when that
 //! channel closes (the broker requeues it). Only a purged message, or a replayed one whose
 //! copy the broker has confirmed, is acknowledged, so an interrupted replay loses nothing.
-//! A message the AMQP client cannot read is parked again as one it can, at the queue's end
-//! ([`set_aside_unreadable`]).
+//! The queue is read on the project's own connection, which reads a message whose routing
+//! key, header name or property is not UTF-8 as bytes: it is listed as `unreadable`
+//! ([`ParkedMessage::describe_unreadable`]) and can be purged, never replayed.
 
 mod filter;
 mod ops;
-mod unreadable;
 
 use std::collections::BTreeMap;
 
@@ -19,10 +19,9 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use filter::{Filter, replay_properties};
-pub use ops::{Action, Outcome, ReplayOn, Report, act};
-pub use unreadable::{act_at, peek, set_aside_unreadable};
+pub use ops::{Action, Outcome, Replay, Report, act, act_at, peek};
 
-use crate::contract::{bundle, header};
+use crate::contract::{ParkReason, bundle, header};
 
 /// The most messages one read takes (a channel's prefetch is a 16-bit count).
 pub const MOST_AT_ONCE: u16 = u16::MAX;
@@ -45,31 +44,15 @@ pub enum ParkedError {
     Read {
         /// The queue.
         queue: String,
-        /// The client error.
-        source: lapin::Error,
+        /// The connection's error.
+        source: crate::amqp::wire::WireError,
     },
-    /// A replay was asked for without a connection to publish the copies on.
-    #[error("a replay needs a connection to publish on")]
-    NoReplayConnection,
     /// A replayed copy got no answer from the broker (the message stays parked).
     #[error("replaying into the work exchange: {0}")]
     Replay(#[from] crate::amqp::PublishError),
-    /// The AMQP client failed its connection on a message of the queue it cannot read (a
-    /// short string that is not UTF-8), while the operation read the queue and before it
-    /// did anything. [`act_at`] sets such messages aside and starts again.
-    #[error(
-        "the parked queue `{queue}` holds a message the AMQP client cannot read (a header name, a property or the routing key that is not UTF-8)"
-    )]
-    Unreadable {
-        /// The queue.
-        queue: String,
-    },
     /// Connecting failed.
     #[error(transparent)]
     Connect(#[from] crate::amqp::ConnectError),
-    /// Setting aside the messages the AMQP client cannot read failed.
-    #[error("setting aside parked messages the AMQP client cannot read: {0}")]
-    SetAside(#[from] crate::amqp::SweepError),
 }
 
 /// What a parked message says about itself.
@@ -118,6 +101,26 @@ impl ParkedMessage {
                 Some(AMQPValue::LongLongInt(at)) => u64::try_from(*at).ok(),
                 _ => None,
             },
+            body_bytes,
+        }
+    }
+}
+
+impl ParkedMessage {
+    /// Describes a parked delivery the AMQP codec cannot read in full (`what`: which part,
+    /// see [`crate::amqp::wire::Raw`]), published straight into the parked queue: it is
+    /// `unreadable`, and cannot be replayed (fix it and publish it again).
+    pub fn describe_unreadable(routing_key: &str, what: &str, body_bytes: usize) -> Self {
+        Self {
+            reason: Some(ParkReason::Unreadable.as_str().to_string()),
+            detail: Some(format!(
+                "the AMQP client cannot read {what}: a short string that is not UTF-8"
+            )),
+            routing_key: routing_key.to_string(),
+            target: None,
+            message_id: None,
+            parked_at: None,
+            replayable: false,
             body_bytes,
         }
     }

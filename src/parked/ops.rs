@@ -2,18 +2,16 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
-use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
 use crate::amqp;
+use crate::amqp::Published;
 use crate::amqp::publisher::Publisher;
-use crate::amqp::wire;
-use crate::amqp::{Published, queue_counts, reply_code};
+use crate::amqp::wire::{self, Channel, Consumer, Delivery, WireError};
 use crate::clock::now_ms;
+use crate::config::Config;
 use crate::contract::signature::StateKeys;
 use crate::naming::Names;
 
@@ -60,9 +58,6 @@ pub struct Report {
     pub scanned: u64,
     /// The selected messages, in queue order, with what became of each.
     pub selected: Vec<Outcome>,
-    /// Messages the AMQP client could not read, parked again as `unreadable` so that the
-    /// queue could be read ([`super::act_at`]); they are among the messages read.
-    pub set_aside: u64,
 }
 
 impl Report {
@@ -72,16 +67,17 @@ impl Report {
     }
 }
 
-/// Reads the parked queue of `names` (at most [`MOST_AT_ONCE`] messages), selects those
-/// `filter` matches, at most `limit` of them, and lists, replays or purges them; on a dry
-/// run it only says what it would do. Whatever it does not remove goes back to the queue,
-/// in its order, when its channel closes. A replayed message is removed only after the
-/// broker confirmed its copy in the work queue: a replay stopped at any point leaves each
-/// message parked, replayed, or (confirmed but not yet removed) both. A replay publishes on
-/// `replay_on`.
+/// Reads the parked queue of `names` on `connection` (at most [`MOST_AT_ONCE`] messages),
+/// selects those `filter` matches, at most `limit` of them, and lists, replays or purges
+/// them; on a dry run it only says what it would do. Whatever it does not remove goes back
+/// to the queue, in its order, when its channel closes. A replayed message is removed only
+/// after the broker confirmed its copy in the work queue: a replay stopped at any point
+/// leaves each message parked, replayed, or (confirmed but not yet removed) both. A message
+/// the AMQP codec cannot read in full is described as `unreadable` as it is, never changed
+/// by a list ([`ParkedMessage::describe_unreadable`]).
 pub async fn act(
-    connection: &Connection,
-    replay_on: Option<ReplayOn<'_>>,
+    connection: &wire::Connection,
+    replay: Replay<'_>,
     names: &Names,
     action: Action,
     filter: &Filter,
@@ -89,15 +85,14 @@ pub async fn act(
     dry_run: bool,
 ) -> Result<Report, ParkedError> {
     let queue = names.parked_queue();
-    let replay_into = match (action, dry_run, replay_on) {
-        (Action::Replay, false, Some(on)) => Some(ReplayInto {
-            publisher: Publisher::open(on.connection, on.confirm_timeout)
+    let replay_into = match (action, dry_run) {
+        (Action::Replay, false) => Some(ReplayInto {
+            publisher: Publisher::open(connection, replay.confirm_timeout)
                 .await
                 .map_err(|e| ParkedError::Replay(e.into()))?,
             work_exchange: ShortString::from(names.work_exchange()),
-            state_keys: on.state_keys.cloned(),
+            state_keys: replay.state_keys.cloned(),
         }),
-        (Action::Replay, false, None) => return Err(ParkedError::NoReplayConnection),
         _ => None,
     };
     act_on(
@@ -112,12 +107,9 @@ pub async fn act(
     .await
 }
 
-/// Where a replay publishes its copies: a connection of the project's own, and how long
-/// each copy waits for its confirm.
+/// How a replay publishes its copies (on the operation's connection).
 #[derive(Clone, Copy)]
-pub struct ReplayOn<'a> {
-    /// The connection to publish on.
-    pub connection: &'a wire::Connection,
+pub struct Replay<'a> {
     /// How long a copy waits for the broker's confirm.
     pub confirm_timeout: Duration,
     /// The key each copy's bridge state is signed with (`bridge.state_key`), if any: the
@@ -136,7 +128,7 @@ struct ReplayInto {
 /// [`act`] on the parked queue `queue`; a replay publishes as `replay_into` says (none on a
 /// list, a purge or a dry run).
 async fn act_on(
-    connection: &Connection,
+    connection: &wire::Connection,
     queue: &str,
     replay_into: Option<ReplayInto>,
     action: Action,
@@ -148,19 +140,19 @@ async fn act_on(
         queue: queue.to_string(),
         source,
     };
-    let channel = connection.create_channel().await.map_err(fail)?;
+    let channel = connection.open_channel().await.map_err(fail)?;
     let mut report = Report {
         action,
         dry_run,
         held: 0,
         scanned: 0,
         selected: Vec::new(),
-        set_aside: 0,
     };
     let result = async {
-        report.held = queue_counts(&channel, queue)
+        report.held = channel
+            .queue_counts(queue)
             .await
-            .map_err(|source| match reply_code(&source) {
+            .map_err(|source| match source.reply_code() {
                 Some(404) => ParkedError::Missing {
                     queue: queue.to_string(),
                 },
@@ -178,41 +170,33 @@ async fn act_on(
             scan
         };
         let mut deliveries = consume(&channel, queue, window).await.map_err(fail)?;
-        // Everything this operation takes is read before anything is done with it: the AMQP
-        // client fails its whole connection on a message it cannot read, and such a failure
-        // then leaves nothing half done ([`super::act_at`] sets the message aside and starts
-        // again).
-        let unreadable_or_fail = |source: lapin::Error| {
-            if amqp::is_unreadable_frame(&source) {
-                ParkedError::Unreadable {
-                    queue: queue.to_string(),
-                }
-            } else {
-                fail(source)
-            }
-        };
+        // Everything this operation takes is read before anything is done with it.
         let mut chosen = Vec::new();
         while (report.scanned as usize) < scan && chosen.len() < limit {
             let delivery = match tokio::time::timeout(NEXT_WITHIN, deliveries.next()).await {
-                Ok(Some(delivery)) => delivery.map_err(unreadable_or_fail)?,
-                Ok(None) | Err(_) => break,
+                Ok(Ok(Some(delivery))) => delivery,
+                Ok(Err(source)) => return Err(fail(source)),
+                Ok(Ok(None)) | Err(_) => break,
             };
             report.scanned += 1;
-            let message = ParkedMessage::describe(
-                delivery.routing_key.as_str(),
-                &delivery.properties,
-                delivery.data.len(),
-            );
+            let message = match &delivery.unreadable {
+                None => ParkedMessage::describe(
+                    delivery.routing_key.as_str(),
+                    &delivery.properties,
+                    delivery.data.len(),
+                ),
+                Some(raw) => ParkedMessage::describe_unreadable(
+                    delivery.routing_key.as_str(),
+                    raw.what,
+                    delivery.data.len(),
+                ),
+            };
             if filter.matches(&message, now_ms()) {
                 chosen.push((delivery, message));
             }
         }
-        // No more deliveries: each removal below would make room for one, and one the
-        // client cannot read would fail the connection halfway through.
-        channel
-            .basic_cancel(deliveries.tag(), BasicCancelOptions::default())
-            .await
-            .map_err(unreadable_or_fail)?;
+        // No more deliveries: each removal below would make room for one.
+        channel.cancel(deliveries.tag()).await.map_err(fail)?;
         for (delivery, message) in chosen {
             let mut outcome = Outcome {
                 message,
@@ -223,7 +207,7 @@ async fn act_on(
                 (Action::List, _) => {}
                 (Action::Purge, _) if dry_run => {}
                 (Action::Purge, _) => {
-                    remove(&delivery).await.map_err(fail)?;
+                    remove(&channel, &delivery).map_err(fail)?;
                     outcome.done = true;
                 }
                 (Action::Replay, _) if !outcome.message.replayable => {
@@ -248,7 +232,7 @@ async fn act_on(
                         .await?;
                     match published {
                         Published::Routed => {
-                            remove(&delivery).await.map_err(fail)?;
+                            remove(&channel, &delivery).map_err(fail)?;
                             outcome.done = true;
                         }
                         Published::Returned { code, text } => {
@@ -268,7 +252,7 @@ async fn act_on(
     }
     .await;
     // Closing the channel hands every message not removed back to the queue.
-    let _ = channel.close(200, "done".into()).await;
+    let _ = channel.close().await;
     if let Some(into) = replay_into {
         into.publisher.close().await;
     }
@@ -277,34 +261,63 @@ async fn act_on(
 }
 
 /// Removes a read message from the parked queue (acknowledges it).
-async fn remove(delivery: &lapin::message::Delivery) -> Result<(), lapin::Error> {
-    delivery
-        .acker
-        .ack(BasicAckOptions::default())
-        .await
-        .map(|_| ())
+fn remove(channel: &Channel, delivery: &Delivery) -> Result<(), WireError> {
+    channel.ack([(delivery.delivery_tag, false)])
 }
 
 /// Consumes `queue` on `channel` with a prefetch of `wanted` (nothing is delivered for 0).
-async fn consume(
-    channel: &Channel,
-    queue: &str,
-    wanted: usize,
-) -> Result<lapin::Consumer, lapin::Error> {
+async fn consume(channel: &Channel, queue: &str, wanted: usize) -> Result<Consumer, WireError> {
     channel
-        .basic_qos(
-            u16::try_from(wanted.max(1)).unwrap_or(MOST_AT_ONCE),
-            BasicQosOptions::default(),
-        )
+        .qos(u16::try_from(wanted.max(1)).unwrap_or(MOST_AT_ONCE))
         .await?;
     channel
-        .basic_consume(
-            queue.into(),
-            format!("delay-bridge-parked-{}", std::process::id())
-                .as_str()
-                .into(),
-            BasicConsumeOptions::default(),
+        .consume(
+            queue,
+            &format!("delay-bridge-parked-{}", std::process::id()),
             FieldTable::default(),
         )
         .await
+}
+
+/// [`act`] on `config`'s parked queue over a connection of its own, closed afterwards.
+pub async fn act_at(
+    config: &Config,
+    action: Action,
+    filter: &Filter,
+    limit: usize,
+    dry_run: bool,
+) -> Result<Report, ParkedError> {
+    let connection = amqp::connect_wire(config.url(), "delay-bridge parked").await?;
+    let replay = Replay {
+        confirm_timeout: config.confirm_timeout,
+        state_keys: config.state_keys.as_ref(),
+    };
+    let result = act(
+        &connection,
+        replay,
+        &config.names,
+        action,
+        filter,
+        limit,
+        dry_run,
+    )
+    .await;
+    connection.close().await;
+    result
+}
+
+/// The first `limit` messages of `config`'s parked queue (at most [`MOST_AT_ONCE`]), and how
+/// many it held in all when the read began, read over a connection of its own
+/// ([`act_at`]). Nothing is removed.
+pub async fn peek(config: &Config, limit: u16) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
+    let report = act_at(
+        config,
+        Action::List,
+        &Filter::default(),
+        usize::from(limit),
+        false,
+    )
+    .await?;
+    let messages = report.selected.into_iter().map(|o| o.message).collect();
+    Ok((messages, report.held))
 }

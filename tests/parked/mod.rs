@@ -244,13 +244,14 @@ async fn a_replay_killed_midway_loses_nothing() {
     w.cleanup().await;
 }
 
-/// A message in the parked queue that the AMQP client cannot read (a header name that is
-/// not UTF-8, published straight into the queue) failed every `parked` command and
-/// `status`: the client fails its whole connection on it. The first command to meet it
-/// parks it again readable, as `unreadable` with its property bytes kept, and finishes its
-/// own work, its limit kept; `parked purge --reason unreadable` removes it.
+/// A message in the parked queue that lapin cannot read (a header name that is not UTF-8,
+/// published straight into the queue) failed every `parked` command and `status`, until
+/// the first command parked it again (a copy, at the queue's end). The queue is read on
+/// the project's own connection now: the message is listed as `unreadable` as it came, a
+/// list changes nothing, a replay leaves it, and `parked purge --reason unreadable`
+/// removes it.
 #[tokio::test]
-async fn a_parked_message_the_client_cannot_read_is_set_aside_and_can_be_purged() {
+async fn a_parked_message_the_client_cannot_read_is_listed_as_it_came_and_can_be_purged() {
     let w = World::start(Setup {
         watch_parked: false,
         ..Setup::new("parked-unreadable")
@@ -272,19 +273,36 @@ async fn a_parked_message_the_client_cannot_read_is_set_aside_and_can_be_purged(
     .await;
     assert!(ok, "purge failed: {purged:#}");
     assert_eq!(done(&purged), 2, "{purged:#}");
-    assert_eq!(purged["set_aside"], 1, "{purged:#}");
     wait_for_depth(&w, &parked_queue, 2, 10 * SEC).await;
 
     let (ok, listed) = parked_json(&config, &["list"]).await;
     assert!(ok, "list failed");
-    let mut reasons: Vec<String> = listed["selected"]
-        .as_array()
-        .expect("selected")
+    let selected = listed["selected"].as_array().expect("selected");
+    let mut reasons: Vec<String> = selected
         .iter()
         .map(|o| o["reason"].as_str().unwrap_or("none").to_string())
         .collect();
     reasons.sort();
     assert_eq!(reasons, ["unreadable", "unroutable"], "{listed:#}");
+    let unreadable = selected
+        .iter()
+        .find(|o| o["reason"] == "unreadable")
+        .expect("the unreadable message");
+    let detail = unreadable["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("its properties") && !detail.contains("kept as bytes"),
+        "listed as it came, not parked again: {listed:#}"
+    );
+    assert_eq!(unreadable["replayable"], false, "{listed:#}");
+    assert_eq!(
+        unreadable["routing_key"],
+        parked_queue.as_str(),
+        "{listed:#}"
+    );
+
+    let (_, replayed) = parked_json(&config, &["replay", "--reason", "unreadable"]).await;
+    assert_eq!(done(&replayed), 0, "{replayed:#}");
+    wait_for_depth(&w, &parked_queue, 2, 10 * SEC).await;
 
     let (ok, stdout) = run_command(&config, &["status", "--json"]).await;
     assert!(ok, "status failed");

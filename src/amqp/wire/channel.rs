@@ -8,13 +8,16 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, confirm, exchange};
+use amq_protocol::protocol::{
+    AMQPClass, BasicProperties, basic, channel, confirm, exchange, queue,
+};
 use lapin::types::{FieldTable, ShortString};
 use tokio::sync::{mpsc, oneshot};
 
 use super::confirms::Confirms;
 use super::content::{Carrier, Content, Incoming, Malformed, Raw, RawDeliver, Step};
 use super::{Inner, WireError};
+use crate::amqp::QueueCounts;
 
 /// What the broker said of a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +447,34 @@ impl Channel {
         expect(reply, |m| {
             matches!(m, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_)))
         })
+    }
+
+    /// The ready messages and consumers of an existing queue (a passive declare). A
+    /// missing one is a 404 channel error ([`WireError::Closed`]), and the channel is then
+    /// gone.
+    pub async fn queue_counts(&self, name: &str) -> Result<QueueCounts, WireError> {
+        let reply = self
+            .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
+                queue::Declare {
+                    queue: name.into(),
+                    passive: true,
+                    durable: false,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments: FieldTable::default(),
+                },
+            )))
+            .await?;
+        match reply {
+            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)) => Ok(QueueCounts {
+                messages: u64::from(ok.message_count),
+                consumers: u64::from(ok.consumer_count),
+            }),
+            other => Err(WireError::Unexpected(format!(
+                "{other:?} where queue.declare-ok was due"
+            ))),
+        }
     }
 
     /// Gives returned mandatory publishes to `handler` from now on.

@@ -149,11 +149,5 @@ fn table(report: &Report, now_ms: u64) -> String {
             ""
         }
     ));
-    if report.set_aside > 0 {
-        out.push_str(&format!(
-            "{} message(s) the AMQP client cannot read were parked again as `unreadable`, their properties kept as bytes, so that the queue could be read\n",
-            report.set_aside
-        ));
-    }
     out
 }
