@@ -25,9 +25,10 @@
 //!
 //! AMQP edge:
 //! - [`amqp`]: connecting, and the broker's version; the project's own AMQP connection
-//!   (`wire`, on which the bridge consumes and every confirmed publish goes); inside the
-//!   crate, the one confirmed, mandatory publish, which matches returns to their own
-//!   publish and decides what a result means.
+//!   (`wire`), which carries every message (consuming, publishing, confirms, returns, the
+//!   cancel stream, the parked queue) while lapin declares and counts; inside the crate,
+//!   the one confirmed, mandatory publish, which matches returns to their own publish and
+//!   decides what a result means.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
 //!   expired messages that its dead-letter worker has not forwarded, bytes).

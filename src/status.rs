@@ -3,17 +3,16 @@
 //! queues' consumers, the parked messages by reason, and the cancel stream's entries by kind.
 
 use std::collections::BTreeMap;
-use std::ops::ControlFlow;
 use std::time::Duration;
 
 use lapin::Connection;
 use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::amqp::unreadable::{self, SweepError};
-use crate::amqp::{QueueCounts, queue_counts, reply_code};
+use crate::amqp::wire::WireError;
+use crate::amqp::{self, QueueCounts, queue_counts, reply_code};
 use crate::cancel::{StreamEntry, read_entry};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
@@ -58,11 +57,14 @@ pub enum StatusError {
         /// The stream.
         stream: String,
         /// What failed.
-        source: SweepError,
+        source: WireError,
     },
     /// The management API did not answer.
     #[error(transparent)]
     Management(#[from] ManagementError),
+    /// Connecting to read the cancel stream failed.
+    #[error(transparent)]
+    Connect(#[from] amqp::ConnectError),
 }
 
 /// One queue.
@@ -239,36 +241,61 @@ pub async fn read(
 /// Reads the cancel stream from its first entry until none has come for
 /// [`STREAM_QUIET`] (a stream has no end-of-stream signal over AMQP 0-9-1, and `status`
 /// writes nothing to find its end), at most [`STREAM_READ_MOST`] entries, and sorts them by
-/// kind. Reading a stream takes nothing from it. It reads over a bare connection
-/// ([`crate::amqp::unreadable::read_stream`]), which reads an entry the AMQP client cannot
-/// (the client fails its whole connection on it) and counts it as unreadable.
+/// kind. Reading a stream takes nothing from it. It reads on the project's own connection,
+/// which hands over an entry its codec cannot read as bytes: counted as unreadable.
 async fn read_stream(config: &Config) -> Result<StreamEntries, StatusError> {
+    let fail = |source| StatusError::Stream {
+        stream: config.names.cancel_stream(),
+        source,
+    };
+    let connection = amqp::connect_wire(config.url(), "delay-bridge status")
+        .await
+        .map_err(StatusError::Connect)?;
+    let result = count_stream(&connection, &config.names.cancel_stream()).await;
+    connection.close().await;
+    result.map_err(fail)
+}
+
+/// [`read_stream`] on `connection`.
+async fn count_stream(
+    connection: &amqp::wire::Connection,
+    stream: &str,
+) -> Result<StreamEntries, WireError> {
+    /// Entries taken at once; a stream consumer's acks give its credit back.
+    const WINDOW: u16 = 1000;
+    let channel = connection.open_channel().await?;
+    channel.qos(WINDOW).await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("first".into()),
+    );
+    let mut consumer = channel.consume(stream, "", arguments).await?;
     let mut entries = StreamEntries {
         complete: true,
         ..StreamEntries::default()
     };
     let mut read = 0u64;
-    unreadable::read_stream(config.url(), &config.names, None, STREAM_QUIET, |entry| {
-        match entry {
-            unreadable::StreamEntry::Readable(properties) => match read_entry(&properties) {
+    while let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await {
+        let Some(delivery) = next? else { break };
+        match &delivery.unreadable {
+            None => match read_entry(&delivery.properties) {
                 StreamEntry::Cancel(_) => entries.tombstones += 1,
                 StreamEntry::Sync(_) => entries.markers += 1,
                 StreamEntry::Invalid(_) => entries.invalid += 1,
             },
-            unreadable::StreamEntry::Unreadable(_) => entries.unreadable += 1,
+            Some(_) => entries.unreadable += 1,
         }
         read += 1;
         if read == STREAM_READ_MOST {
             entries.complete = false;
-            return ControlFlow::Break(());
+            break;
         }
-        ControlFlow::Continue(())
-    })
-    .await
-    .map_err(|source| StatusError::Stream {
-        stream: config.names.cancel_stream(),
-        source,
-    })?;
+        if read.is_multiple_of(u64::from(WINDOW) / 2) {
+            channel.ack([(delivery.delivery_tag, true)])?;
+        }
+    }
+    let _ = channel.close().await;
     Ok(entries)
 }
 

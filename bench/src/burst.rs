@@ -153,7 +153,7 @@ async fn measure(
     let machine = super::MachineCpu::now();
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let due_ms = now_ms() + lead.as_millis() as u64;
     let ingress = sandbox.ingress.clone();
     let published = publish(&channel, count, None, |seq| {

@@ -9,7 +9,6 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use delay_bridge_bench::report;
 
-use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -124,7 +123,7 @@ async fn measure(
     count: u64,
     delay: Duration,
 ) -> Result<Measured> {
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let due_ms = now_ms() + delay.as_millis() as u64;
     let ingress = sandbox.ingress.clone();
     publish(&channel, count, None, |seq| {

@@ -29,6 +29,16 @@ pub const CONFIRM_WINDOW: usize = 2000;
 /// The smallest body: sequence number and stamp.
 pub const HEADER_BYTES: usize = 16;
 
+/// Opens a channel in publisher-confirm mode: the load publishes as a client of the bridge
+/// does, on lapin.
+pub async fn confirm_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
 /// Wall-clock now, epoch microseconds.
 pub fn now_us() -> u64 {
     SystemTime::now()
@@ -154,7 +164,7 @@ impl PlainQueue {
         .await?;
         let consumer =
             amqp::connect(config.url(), &format!("delay-bridge bench {role} consumer")).await?;
-        let channel = amqp::confirm_channel(&publisher).await?;
+        let channel = confirm_channel(&publisher).await?;
         channel
             .queue_declare(
                 name.as_str().into(),

@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use delay_bridge_bench::report;
 
-use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::{Config, QueueType};
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -117,7 +116,7 @@ async fn measure(
 ) -> Result<Vec<Reading>> {
     let process = MeasuredBridge::start(sandbox).await?;
     let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0, None).await?];
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let work_queue = sandbox.config.names.work_queue();
     let mut published = 0u64;
     for &step in steps {

@@ -59,7 +59,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         "delay-bridge-bench-plugin-{:06x}",
         rand::random::<u32>() & 0xff_ffff
     );
-    let channel = amqp::confirm_channel(&conn).await?;
+    let channel = crate::load::confirm_channel(&conn).await?;
     declare(&channel, &name).await?;
     let measured = measure(base, &baseline, args, &conn, &name, (min, max)).await;
     let cleanup = conn.create_channel().await?;
@@ -240,7 +240,7 @@ async fn measure(
     let count = (args.rate * args.seconds).round().max(1.0) as u64;
     let consumer = amqp::connect(base.url(), "delay-bridge bench plugin collector").await?;
     let collector = Collector::start(&consumer, name, count).await?;
-    let channel = amqp::confirm_channel(conn).await?;
+    let channel = crate::load::confirm_channel(conn).await?;
     let broker_start = broker_cpu_now(baseline)?;
     let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
     publish(&channel, count, Some(args.rate), |seq| {

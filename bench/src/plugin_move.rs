@@ -144,7 +144,7 @@ async fn measure(
 ) -> Result<Measured> {
     let exchange = sandbox.ingress.clone();
     let exchange = exchange.as_str();
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     // 1. As it was under the plugin: the sandbox declared the name as the bridge's ingress;
     // it becomes the plugin's exchange, bound to the consumers' queue.
     delete_exchange(&channel, exchange).await?;

@@ -258,7 +258,7 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
     let started = tokio::time::Instant::now();
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let (min_ms, max_ms) = (load.min.as_millis() as u64, load.max.as_millis() as u64);
     let ingress = sandbox.ingress.clone();
     let body_size = load.body_size;

@@ -10,7 +10,6 @@ use anyhow::Result;
 use delay_bridge_bench::report;
 use lapin::types::ShortString;
 
-use delay_bridge::amqp;
 use delay_bridge::cancel::tombstone_properties;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
@@ -51,7 +50,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         Sandbox::declare(base, "delay-bridge-bench-tombstones", TargetBinding::Fanout).await?;
     let (empty_s, empty) = start_and_read(&sandbox).await?;
 
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let stream = sandbox.config.names.cancel_stream();
     let cancelled_at = now_ms();
     let append_start = broker_cpu_now(&baseline)?;

@@ -1,8 +1,11 @@
 //! AMQP plumbing: connecting (password never shown), a queue's depth, the one confirmed
-//! publish path (`publisher::Publisher`), and the project's own connection ([`wire`]),
-//! on which the bridge consumes the work queue and every confirmed publish goes.
+//! publish path (`publisher::Publisher`), and the project's own connection ([`wire`]).
+//!
+//! One rule: `wire` carries every message (consuming and acking, publishing with confirms
+//! and returns, the cancel stream, the parked queue's list, replay and purge); lapin
+//! declares and counts (the topology, passive declares for depths and `status`, the
+//! sandbox).
 
-pub mod bare;
 pub mod broker_version;
 mod depth;
 pub(crate) mod publisher;
@@ -10,16 +13,13 @@ pub(crate) mod returns;
 pub(crate) mod stream_offset;
 pub(crate) mod targets;
 mod tls;
-pub mod unreadable;
 pub(crate) mod verdict;
 pub mod wire;
 
 pub use depth::{QueueCounts, queue_counts};
 pub use publisher::PublishError;
-pub use unreadable::SweepError;
 
-use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 use thiserror::Error;
 
 use crate::config::BrokerUrl;
@@ -90,21 +90,6 @@ pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectE
         }
     }
     .map_err(fail)
-}
-
-/// True when lapin failed on a frame it could not parse: a delivery with a short string
-/// that is not UTF-8 (see [`unreadable`]). lapin fails the whole connection on it.
-pub fn is_unreadable_frame(error: &lapin::Error) -> bool {
-    matches!(error.kind(), lapin::ErrorKind::ParsingError(_))
-}
-
-/// Opens a channel in publisher-confirm mode.
-pub async fn confirm_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
-    let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
 }
 
 /// What the broker said of a confirmed, mandatory publish.

@@ -59,7 +59,7 @@ pub(super) async fn connect(
 
 /// A byte stream to the broker of `uri`, over TLS with `tls` when given (checking the
 /// broker's certificate against `server_name`, or the URI's host), as lapin's own
-/// connections open it. For [`super::bare`], which speaks AMQP over it without lapin.
+/// connections open it. For the project's own connection ([`super::wire`]).
 pub(super) async fn stream(
     uri: &AMQPUri,
     server_name: Option<&str>,

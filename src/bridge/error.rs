@@ -14,6 +14,9 @@ pub enum BridgeError {
     /// Declaring the topology failed.
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// The control connection (lapin's: declares, depths) failed mid-session.
+    #[error("the control connection failed: {0}")]
+    ControlLost(String),
     /// Consuming, acking or opening a channel failed mid-session (connection or channel
     /// lost).
     #[error("{what}: {source}")]

@@ -1,13 +1,15 @@
 //! One session: consume the work and returns queues, each on a channel of its own
 //! ([`super::inlet`]), on one of the project's own connections ([`crate::amqp::wire`]),
 //! hand each delivery to a [`Carrier`] (which publishes on the other), fold what carriers
-//! report into batched acks, and drain on shutdown. lapin's connection carries the cancel
-//! stream and the depth readings. This is the only place that acks.
+//! report into batched acks, and drain on shutdown. The cancel stream is followed on the
+//! consuming connection; lapin's connection reads the depths, and its loss ends the session
+//! like the others'. This is the only place that acks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use lapin::Connection;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -48,6 +50,8 @@ pub(super) async fn run(
         consuming,
         publishing,
     } = wires;
+    // Listened to from the start, so that a loss during the setup is seen too.
+    let control_events = Box::pin(connection.events_listener());
     // Each queue gets half of the byte budget: together they stay within it.
     let share = || ByteBudget::new(config.max_unacked_bytes / 2, config.prefetch);
     let publish = Publisher::open(publishing, config.confirm_timeout)
@@ -90,6 +94,7 @@ pub(super) async fn run(
     let result = tokio::select! {
         result = session.drive(shutdown) => result,
         error = publishing.failed() => Err(BridgeError::wire("publishing")(error)),
+        lost = control_failed(control_events) => Err(BridgeError::ControlLost(lost)),
     };
     session.stop.cancel();
     // What this session held goes back to the broker with it.
@@ -342,6 +347,16 @@ impl Session {
         }
         self.stop.cancel();
     }
+}
+
+/// Waits until lapin's control connection reports an error (or its events end); gives it.
+async fn control_failed(mut events: impl Stream<Item = lapin::Event> + Unpin) -> String {
+    while let Some(event) = events.next().await {
+        if let lapin::Event::Error(error) = event {
+            return error.to_string();
+        }
+    }
+    "the connection's events ended".into()
 }
 
 /// The follower's end (pending while there is none).

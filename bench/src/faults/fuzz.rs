@@ -13,7 +13,6 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable};
 use rand::Rng;
 
-use delay_bridge::amqp;
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::contract::{self, header};
@@ -86,7 +85,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 async fn measure(sandbox: &Sandbox, args: &Args) -> Result<Tally> {
     let urls = sandbox.config.urls.clone();
     let collector = FaultCollector::start(urls.clone(), sandbox.target_queue.clone(), args.count);
-    let channel = amqp::confirm_channel(&sandbox.conn).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
     let ingress = sandbox.ingress.clone();
     let mut rng = rand::rng();
     let published = publish(&channel, args.count, None, |seq| Outgoing {

@@ -85,7 +85,7 @@ pub async fn publish_through_faults(
     let mut next_url = 0;
     loop {
         let conn = connect_any(urls, &mut next_url, "delay-bridge faults publisher").await?;
-        let lost = match amqp::confirm_channel(&conn).await {
+        let lost = match crate::load::confirm_channel(&conn).await {
             Ok(channel) => publisher.run(&channel).await.is_err(),
             Err(_) => true,
         };

@@ -241,7 +241,7 @@ async fn measure(
     // Large bodies and bursts on a connection of their own, beside the steady flow.
     let side = amqp::connect(sandbox.config.url(), "delay-bridge bench side").await?;
     let large = tokio::spawn(publish_large(
-        amqp::confirm_channel(&side).await?,
+        crate::load::confirm_channel(&side).await?,
         sandbox.ingress.clone(),
         shape.layout,
         args.large_size,
@@ -249,7 +249,7 @@ async fn measure(
         published.clone(),
     ));
     let bursts = tokio::spawn(publish_bursts(
-        amqp::confirm_channel(&side).await?,
+        crate::load::confirm_channel(&side).await?,
         sandbox.ingress.clone(),
         shape.layout,
         shape.burst_every,
@@ -257,7 +257,7 @@ async fn measure(
         published.clone(),
     ));
 
-    let steady = amqp::confirm_channel(&sandbox.conn).await?;
+    let steady = crate::load::confirm_channel(&sandbox.conn).await?;
     let (min_ms, max_ms) = (shape.min.as_millis() as u64, shape.max.as_millis() as u64);
     let ingress = sandbox.ingress.clone();
     let counted = published.clone();

@@ -37,23 +37,23 @@ impl Carrier {
 
 /// The fields of a `basic.deliver` read by hand, names as bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RawDeliver {
+pub(super) struct RawDeliver {
     /// The consumer's tag.
-    pub(crate) consumer_tag: Vec<u8>,
+    pub(super) consumer_tag: Vec<u8>,
     /// The delivery's tag on the channel.
-    pub(crate) delivery_tag: u64,
+    pub(super) delivery_tag: u64,
     /// Delivered before and not acked.
-    pub(crate) redelivered: bool,
+    pub(super) redelivered: bool,
     /// The exchange's name as sent.
-    pub(crate) exchange: Vec<u8>,
+    pub(super) exchange: Vec<u8>,
     /// The routing key as sent.
-    pub(crate) routing_key: Vec<u8>,
+    pub(super) routing_key: Vec<u8>,
 }
 
 /// Reads a `basic.deliver` method frame's payload (class and method ids, consumer tag,
 /// delivery tag, redelivered, exchange, routing key) without the codec, which refuses a
 /// name that is not UTF-8; `None` when the payload is not a whole `basic.deliver`.
-pub(crate) fn raw_deliver(payload: &[u8]) -> Option<RawDeliver> {
+pub(super) fn raw_deliver(payload: &[u8]) -> Option<RawDeliver> {
     fn short_string(bytes: &[u8], at: &mut usize) -> Option<Vec<u8>> {
         let len = usize::from(*bytes.get(*at)?);
         let text = bytes.get(*at + 1..*at + 1 + len)?;

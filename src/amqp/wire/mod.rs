@@ -24,6 +24,7 @@
 mod channel;
 mod confirms;
 mod content;
+mod handshake;
 mod outbox;
 mod reader;
 
@@ -44,11 +45,10 @@ pub use channel::{
     Channel, Confirm, Consumer, Delivery, PendingConfirm, ReturnHandler, Returned, Settle,
 };
 pub use content::Raw;
-pub(crate) use content::raw_deliver;
 
-use super::bare::{Bare, BareError, Tuned, open_stream};
 use crate::config::BrokerUrl;
 use channel::ChannelShared;
+pub use handshake::Tuned;
 use outbox::Outbox;
 
 /// The frame type of a content header.
@@ -149,17 +149,6 @@ impl WireError {
                 ..
             } | Self::ChannelClosed
         )
-    }
-}
-
-impl From<BareError> for WireError {
-    fn from(error: BareError) -> Self {
-        match error {
-            BareError::Io(error) => Self::io(error),
-            BareError::Closed { what, code, text } => Self::Closed { what, code, text },
-            BareError::Unexpected(what) => Self::Unexpected(what),
-            BareError::Setup(what) => Self::Setup(what),
-        }
     }
 }
 
@@ -313,10 +302,11 @@ impl Connection {
 
     /// [`Connection::open`] without its deadline.
     async fn connect(url: &BrokerUrl, name: &str, heartbeat: Duration) -> Result<Self, WireError> {
-        let (stream, uri) = open_stream(url).await?;
+        let (stream, uri) = handshake::open_stream(url).await?;
         let heartbeat = u16::try_from(heartbeat.as_secs()).unwrap_or(u16::MAX);
-        let (bare, tuned, broker_version) = Bare::handshake(stream, &uri, name, heartbeat).await?;
-        let (reads, writes) = bare.into_stream().split();
+        let (stream, tuned, broker_version) =
+            handshake::handshake(stream, &uri, name, heartbeat).await?;
+        let (reads, writes) = stream.split();
         let inner = Arc::new(Inner::new(tuned, broker_version));
         let reading = inner.clone();
         tokio::spawn(async move {
