@@ -124,6 +124,14 @@ impl Peer {
         }
     }
 
+    /// Sends a heartbeat frame.
+    pub async fn heartbeat(&mut self) {
+        self.socket
+            .write_all(&[8, 0, 0, 0, 0, 0, 0, FRAME_END])
+            .await
+            .expect("written");
+    }
+
     /// Sends `method` on `channel`.
     pub async fn send_on(&mut self, channel: u16, method: AMQPClass) {
         let frame = AMQPFrame::Method(channel, method);

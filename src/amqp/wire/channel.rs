@@ -223,6 +223,12 @@ impl ChannelShared {
         Ok(())
     }
 
+    /// True when a publish on this channel waits for its confirm or a call for its reply.
+    pub(super) fn awaits_broker(&self) -> bool {
+        let state = self.state();
+        !state.replies.is_empty() || state.confirms.as_ref().is_some_and(|c| c.len() > 0)
+    }
+
     /// A `basic.deliver` the codec cannot read, read by hand: its content follows.
     pub(super) fn on_raw_deliver(&self, deliver: RawDeliver) -> Result<(), WireError> {
         let mut state = self.state();
@@ -621,6 +627,11 @@ impl Channel {
             confirm,
             channel: self.clone(),
         })
+    }
+
+    /// How long the broker has sent nothing at all on this channel's connection.
+    pub fn broker_silent_for(&self) -> std::time::Duration {
+        self.inner.silent_for()
     }
 
     /// How many publishes wait for their confirm.

@@ -27,6 +27,7 @@ mod content;
 mod handshake;
 mod outbox;
 mod reader;
+pub mod stall;
 
 use std::collections::HashMap;
 use std::io;
@@ -229,6 +230,12 @@ impl Inner {
     fn heard(&self) {
         let elapsed = self.opened.elapsed().as_millis() as u64;
         self.heard_at_ms.store(elapsed, Ordering::Relaxed);
+    }
+
+    /// True when a publish waits for its confirm or a call for its reply, on any channel.
+    fn awaited(&self) -> bool {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        channels.open.values().any(|shared| shared.awaits_broker())
     }
 
     fn silent_for(&self) -> Duration {
@@ -459,24 +466,47 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("(no message)")
 }
 
-/// Sends a heartbeat every half `interval` and fails the connection after two intervals
-/// with nothing from the broker.
+/// Sends a heartbeat every half `interval`, fails the connection after two intervals with
+/// nothing from the broker, and warns once when the broker stops answering what waits on
+/// it ([`stall`]), checking every second.
 async fn beat(inner: Arc<Inner>, interval: Duration) {
-    let mut ticks = tokio::time::interval(interval / 2);
+    const CHECK_EVERY: Duration = Duration::from_secs(1);
+    let mut ticks = tokio::time::interval(CHECK_EVERY.min(interval / 2));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beat_sent = Instant::now();
+    let mut reported = false;
     loop {
         tokio::select! {
             _ = inner.stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        if inner.silent_for() > interval * 2 {
+        let silent = inner.silent_for();
+        if silent > interval * 2 {
             inner.fail(WireError::MissedHeartbeats(interval * 2));
             return;
         }
-        let _ = inner.outbox.send(|frames| {
-            frames.heartbeat();
-            Ok(())
-        });
+        match stall::news(silent, inner.awaited(), reported) {
+            Some(stall::News::Stalled(silent)) => {
+                reported = true;
+                tracing::warn!(
+                    silent_s = silent.as_secs(),
+                    "the broker has stopped answering: nothing from it for {silent:?} while publishes or calls wait on it (a stopped, paused or overloaded node?); they wait for it, up to two heartbeat intervals ({:?})",
+                    interval * 2
+                );
+            }
+            Some(stall::News::Answering) => {
+                reported = false;
+                tracing::info!("the broker answers again");
+            }
+            None => {}
+        }
+        if beat_sent.elapsed() >= interval / 2 {
+            beat_sent = Instant::now();
+            let _ = inner.outbox.send(|frames| {
+                frames.heartbeat();
+                Ok(())
+            });
+        }
     }
 }
 
