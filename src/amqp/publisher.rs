@@ -196,7 +196,9 @@ impl Drop for Entry<'_> {
     }
 }
 
+// The integration tests' scripted broker; these tests use part of it.
 #[cfg(test)]
+#[allow(dead_code)]
 #[path = "../../tests/wire/fake_broker.rs"]
 mod fake_broker;
 

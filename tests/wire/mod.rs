@@ -255,6 +255,27 @@ async fn a_silent_broker_fails_the_connection_after_two_heartbeats() {
     assert!(!connection.is_open());
 }
 
+/// A broker that answers only with heartbeats keeps the connection open past two
+/// heartbeat intervals: silence, not idleness, fails it.
+#[tokio::test]
+async fn a_broker_that_sends_heartbeats_keeps_the_connection_open() {
+    let broker = FakeBroker::listen().await;
+    let (connection, mut peer) =
+        open_to_fake(&broker, "", Duration::from_secs(1), offer(2047, 131_072, 1)).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        peer.heartbeat().await;
+        tokio::select! {
+            failed = connection.failed() => panic!("the connection failed: {failed}"),
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+    }
+    assert!(
+        connection.is_open(),
+        "three intervals of heartbeats and nothing else"
+    );
+}
+
 /// With every channel number the broker allows in use, opening one more fails at once
 /// (`NoChannelFree`), asking the broker nothing.
 #[tokio::test]

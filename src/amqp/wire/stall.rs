@@ -54,14 +54,14 @@ mod tests {
         assert_eq!(news(9 * S, true, false), None);
         assert_eq!(news(10 * S, true, false), Some(News::Stalled(10 * S)));
         assert_eq!(news(30 * S, true, true), None, "once");
-        assert_eq!(news(0 * S, true, true), Some(News::Answering));
-        assert_eq!(news(0 * S, false, false), None);
+        assert_eq!(news(Duration::ZERO, true, true), Some(News::Answering));
+        assert_eq!(news(Duration::ZERO, false, false), None);
     }
 
     #[test]
     fn a_publish_waits_on_only_when_the_broker_is_silent() {
         assert!(wait_on(15 * S, 30 * S));
         assert!(!wait_on(14 * S, 30 * S), "the broker answers other things");
-        assert!(!wait_on(0 * S, 30 * S));
+        assert!(!wait_on(Duration::ZERO, 30 * S));
     }
 }
