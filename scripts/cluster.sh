@@ -6,6 +6,8 @@
 #   bash scripts/cluster.sh status        # which nodes run, and the cluster as node 1 sees it
 #   bash scripts/cluster.sh kill N        # kill -9 node N (1..3): a node lost, no goodbye
 #   bash scripts/cluster.sh restart N     # start node N again; it rejoins the cluster
+#   bash scripts/cluster.sh pause N       # SIGSTOP node N's VM (it says nothing at all)
+#   bash scripts/cluster.sh resume N      # SIGCONT it
 #   bash scripts/cluster.sh stop          # stop every node (data is kept for the next start)
 #   bash scripts/cluster.sh ctl N ARGS..  # rabbitmqctl against node N
 #   bash scripts/cluster.sh urls          # the AMQP URL of every node, one a line
@@ -259,6 +261,17 @@ case "${1:-}" in
     else
       say "node $n (pid $pid) was not running"
     fi
+    ;;
+  pause|resume)
+    # SIGSTOP / SIGCONT of node N's VM: a broker that says nothing at all for a while.
+    n=${2:?usage: cluster.sh pause|resume N}
+    pidfile="$host_dir/node$n/pid"
+    [ -s "$pidfile" ] || die "node $n has no pid file ($pidfile): not started by this script?"
+    pid=$(cat "$pidfile")
+    signal=STOP
+    [ "$1" = resume ] && signal=CONT
+    kill -"$signal" "$pid"
+    say "node $n (pid $pid) sent SIG$signal"
     ;;
   restart)
     n=${2:?usage: cluster.sh restart N}

@@ -15,6 +15,8 @@
 #                         bridges; kill -9 of the node that leads every queue at 10 s, back at 25 s
 #   broker-crash-quorum   one broker (cluster.sh node 4), quorum mode: kill -9 at 10 s, back at 15 s
 #   broker-crash-classic  the same in classic mode
+#   broker-stall          one broker (cluster.sh node 4), classic mode: its VM stopped
+#                         (SIGSTOP) at 10 s for 40 s, then resumed (SIGCONT)
 #
 # The cluster scenarios run on the installed RabbitMQ (3.x); with CLUSTER_BROKER=4 they run
 # on 4.0.x in scripts/debian-broker.sh trixie's chroot, with CLUSTER_BROKER=43 on 4.3.x in
@@ -30,7 +32,8 @@ if [ "${CLUSTER_BROKER:-3}" != 3 ]; then
   reports=target/faults/$CLUSTER_BROKER
 fi
 mkdir -p "$reports"
-bench=./target/release/delay-bridge-bench
+# FAULTS_BENCH runs another build of the bench (and the bridge beside it), for a before/after.
+bench=${FAULTS_BENCH:-./target/release/delay-bridge-bench}
 export RUST_LOG=${RUST_LOG:-error}
 
 # A configuration for the bench: its prefix and route are replaced by each scenario's own.
@@ -83,6 +86,13 @@ for scenario in "${scenarios[@]}"; do
         --count 50000 --rate 1000 --min-delay 1s --max-delay 30s \
         --kill "bash scripts/cluster.sh kill 4" --restart "bash scripts/cluster.sh restart 4" \
         --kill-after 10s --restart-after 15s --bridges 1
+      ;;
+    broker-stall)
+      bash scripts/cluster.sh start-solo
+      DELAY_BRIDGE_URL=$(bash scripts/cluster.sh url 4) run "$scenario" $bench --config "$(config classic)" broker-crash \
+        --count 60000 --rate 1000 --min-delay 1s --max-delay 30s \
+        --kill "bash scripts/cluster.sh pause 4" --restart "bash scripts/cluster.sh resume 4" \
+        --kill-after 10s --restart-after 50s --bridges 1
       ;;
     *)
       echo "faults.sh: unknown scenario $scenario" >&2
