@@ -136,6 +136,27 @@ struct Attempt<'a> {
     lane: Option<&'a Lane>,
 }
 
+impl<'a> Attempt<'a> {
+    /// A copy of the delivery `tag` for the parked queue, through `exchange`.
+    fn parked(
+        tag: Tag,
+        exchange: &str,
+        routing_key: ShortString,
+        body: &'a [u8],
+        properties: lapin::BasicProperties,
+    ) -> Self {
+        Self {
+            tag,
+            destination: Destination::Own("the parked queue"),
+            exchange: ShortString::from(exchange),
+            routing_key,
+            body,
+            properties,
+            lane: None,
+        }
+    }
+}
+
 /// How the broker settled a publish.
 enum Settled {
     /// Routed: the message is where it belongs.
@@ -567,15 +588,7 @@ impl Carrier {
         if !contract::fits_frame(&properties, self.frame_max) {
             properties = contract::parked_properties_without_headers(consumed, parked, parked_at);
         }
-        let attempt = Attempt {
-            tag,
-            destination: Destination::Own("the parked queue"),
-            exchange: ShortString::from(exchange.as_str()),
-            routing_key: routing_key.clone(),
-            body,
-            properties,
-            lane: None,
-        };
+        let attempt = Attempt::parked(tag, &exchange, routing_key.clone(), body, properties);
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);

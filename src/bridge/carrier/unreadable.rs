@@ -7,9 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
-use lapin::types::ShortString;
-
-use super::{Attempt, Carrier, Destination, Outcome, Settled};
+use super::{Attempt, Carrier, Outcome, Settled};
 use crate::amqp::wire::Raw;
 use crate::bridge::BridgeError;
 use crate::bridge::inlet::Tag;
@@ -33,15 +31,7 @@ impl Carrier {
                 contract::unreadable_parked(&[], &raw.routing_key, raw.what, parked_at);
         }
         let exchange = self.shared.config.names.parked_exchange();
-        let attempt = Attempt {
-            tag,
-            destination: Destination::Own("the parked queue"),
-            exchange: ShortString::from(exchange.as_str()),
-            routing_key,
-            body,
-            properties,
-            lane: None,
-        };
+        let attempt = Attempt::parked(tag, &exchange, routing_key, body, properties);
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
