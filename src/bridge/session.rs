@@ -94,7 +94,7 @@ pub(super) async fn run(
     let result = tokio::select! {
         result = session.drive(shutdown) => result,
         error = publishing.failed() => Err(BridgeError::wire("publishing")(error)),
-        lost = control_failed(control_events) => Err(BridgeError::ControlLost(lost)),
+        lost = control_failed(&connection, control_events) => Err(BridgeError::ControlLost(lost)),
     };
     session.stop.cancel();
     // What this session held goes back to the broker with it.
@@ -349,10 +349,17 @@ impl Session {
     }
 }
 
-/// Waits until lapin's control connection reports an error (or its events end); gives it.
-async fn control_failed(mut events: impl Stream<Item = lapin::Event> + Unpin) -> String {
+/// Waits until lapin's control connection fails (or its events end); gives why. lapin
+/// reports a channel the broker closed (a passive declare of a queue that is gone, say) as
+/// an error event too: that one leaves the connection connected, and the session goes on.
+async fn control_failed(
+    connection: &Connection,
+    mut events: impl Stream<Item = lapin::Event> + Unpin,
+) -> String {
     while let Some(event) = events.next().await {
-        if let lapin::Event::Error(error) = event {
+        if let lapin::Event::Error(error) = event
+            && !connection.status().connected()
+        {
             return error.to_string();
         }
     }
@@ -373,5 +380,50 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::FieldTable;
+
+    /// A channel the broker closes on the control connection (a passive declare of a queue
+    /// that is gone: the depth readings meet one when an operator deletes a level) is an
+    /// error event to lapin, and the connection stays up: it must not end the session.
+    /// (A lost control connection ending it is tests/faults' `a_lost_control_connection_...`.)
+    #[tokio::test]
+    async fn a_channel_error_on_the_control_connection_does_not_end_the_session() {
+        let url = std::env::var("DELAY_BRIDGE_TEST_URL")
+            .unwrap_or_else(|_| crate::config::DEFAULT_URL.to_string());
+        let url = crate::config::BrokerUrl::parse(&url).expect("a broker URL");
+        let connection = Arc::new(
+            crate::amqp::connect(&url, "session test control")
+                .await
+                .expect("the test broker answers"),
+        );
+        let events = Box::pin(connection.events_listener());
+        let channel = connection.create_channel().await.expect("a channel");
+        let missing = format!("delay-bridge-session-test-{:08x}", rand::random::<u32>());
+        let declared = channel
+            .queue_declare(
+                missing.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        assert!(declared.is_err(), "the queue does not exist");
+        let watching = {
+            let connection = connection.clone();
+            tokio::spawn(async move { control_failed(&connection, events).await })
+        };
+        let ended = tokio::time::timeout(Duration::from_millis(500), watching).await;
+        assert!(ended.is_err(), "the session went on: {ended:?}");
+        assert!(connection.status().connected());
+        let _ = connection.close(200, "done".into()).await;
     }
 }
