@@ -34,13 +34,15 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use thiserror::Error;
 
+use crate::amqp::disposition::{Disposition, Refusal};
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::wire::{Connection, WireError};
-use crate::amqp::{self, ConnectError, Published};
+use crate::amqp::{self, ConnectError};
 use crate::cancel::{MessageIdError, message_id, tombstone_properties};
 use crate::clock::now_ms;
 use crate::config::{BrokerUrl, ConfigError, defaults};
+use crate::contract::ParkReason;
 use crate::contract::beyond_max_delay;
 use crate::contract::header;
 use crate::ladder::format_duration;
@@ -156,6 +158,18 @@ pub enum ClientError {
         message_id: String,
         /// Why the new copy was not scheduled.
         source: Box<ClientError>,
+    },
+    /// The broker refused the publish for its exchange or content and closed the channel:
+    /// no permission to write to the exchange or an internal exchange (403), or a
+    /// precondition the message fails (406). Nothing was scheduled or cancelled.
+    #[error("the broker refused the publish to `{exchange}` ({code}): {detail}")]
+    Denied {
+        /// The exchange published to.
+        exchange: String,
+        /// The broker's reply code.
+        code: u16,
+        /// The broker's words.
+        detail: String,
     },
     /// Any other broker or connection error.
     #[error("{what}: {source}")]
@@ -350,27 +364,28 @@ impl Client {
         let properties = tombstone_properties(id, cancelled_at, due_at);
         // Through the cancel exchange; a bridge older than it declared none, and its
         // stream takes the tombstone through the default exchange.
-        let outcome = match self
-            .publish(&self.names.cancel_exchange(), "", b"", properties.clone())
+        let exchange = self.names.cancel_exchange();
+        let settled = match self
+            .publish(&exchange, "", b"", properties.clone())
             .await
+            .and_then(|disposition| settled(disposition, &exchange, "", 0))
         {
-            Err(ClientError::ExchangeMissing { .. }) => {
-                self.publish("", &stream, b"", properties).await?
-            }
-            outcome => outcome?,
+            Err(ClientError::ExchangeMissing { .. }) => self
+                .publish("", &stream, b"", properties)
+                .await
+                .and_then(|disposition| settled(disposition, "", &stream, 0)),
+            settled => settled,
         };
-        match outcome {
-            Published::Routed => Ok(Cancelled {
+        match settled {
+            Ok(()) => Ok(Cancelled {
                 message_id: message_id.to_string(),
                 cancelled_at,
             }),
-            Published::Returned { .. } => Err(ClientError::NoCancelStream {
+            Err(ClientError::Unroutable { .. }) => Err(ClientError::NoCancelStream {
                 stream,
                 prefix: self.names.prefix().to_string(),
             }),
-            Published::Nacked => Err(ClientError::Refused {
-                exchange: self.names.cancel_exchange(),
-            }),
+            Err(e) => Err(e),
         }
     }
 
@@ -475,7 +490,7 @@ impl Client {
             .clone()
             .with_message_id(id_short)
             .with_headers(FieldTable::from(headers));
-        let outcome = self
+        let disposition = self
             .publish(
                 &message.exchange,
                 &message.routing_key,
@@ -483,22 +498,17 @@ impl Client {
                 properties,
             )
             .await?;
-        match outcome {
-            Published::Routed => Ok(Scheduled {
-                message_id: id,
-                published_at,
-                deliver_at,
-            }),
-            Published::Returned { code, text } => Err(ClientError::Unroutable {
-                exchange: message.exchange,
-                routing_key: message.routing_key,
-                code,
-                text,
-            }),
-            Published::Nacked => Err(ClientError::Refused {
-                exchange: message.exchange,
-            }),
-        }
+        settled(
+            disposition,
+            &message.exchange,
+            &message.routing_key,
+            message.body.len(),
+        )?;
+        Ok(Scheduled {
+            message_id: id,
+            published_at,
+            deliver_at,
+        })
     }
 
     /// The exchange's publisher. Opening its channel checks that the exchange exists
@@ -507,33 +517,78 @@ impl Client {
         self.channels
             .get(exchange)
             .await
-            .map_err(|source| refusal(exchange, body_len, "opening a channel", source))
+            .map_err(|source| match Refusal::of(&source) {
+                Some(refusal) => refused(refusal, exchange, body_len),
+                None => ClientError::Broker {
+                    what: "opening a channel",
+                    source,
+                },
+            })
     }
 
     /// One confirmed, mandatory publish on the exchange's own channel (a 404 closes only
-    /// that channel).
+    /// that channel), and what became of it.
     async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
         body: &[u8],
         properties: BasicProperties,
-    ) -> Result<Published, ClientError> {
+    ) -> Result<Disposition, ClientError> {
         let (exchange_name, key) = (
             short_name("exchange", exchange)?,
             short_name("routing key", routing_key)?,
         );
         let publisher = self.channel_for(exchange, body.len()).await?;
-        publisher
+        Ok(publisher
             .publish(exchange_name, key, body, properties)
-            .await
-            .map_err(|error| match error {
-                PublishError::Broker(source) => refusal(exchange, body.len(), "publishing", source),
-                PublishError::ConfirmTimeout(timeout) => ClientError::Unconfirmed {
-                    exchange: exchange.to_string(),
-                    timeout,
-                },
-            })
+            .await)
+    }
+}
+
+/// What became of a publish of a `body_len`-byte body to `exchange` with `routing_key`, as
+/// the client's answer: `Ok` when the broker routed it.
+fn settled(
+    disposition: Disposition,
+    exchange: &str,
+    routing_key: &str,
+    body_len: usize,
+) -> Result<(), ClientError> {
+    let exchange = exchange.to_string();
+    Err(match disposition {
+        Disposition::Routed => return Ok(()),
+        Disposition::Returned { code, text } => ClientError::Unroutable {
+            exchange,
+            routing_key: routing_key.to_string(),
+            code,
+            text,
+        },
+        Disposition::Nacked => ClientError::Refused { exchange },
+        Disposition::Refused(refusal) => refused(refusal, &exchange, body_len),
+        Disposition::Lost(PublishError::ConfirmTimeout(timeout)) => {
+            ClientError::Unconfirmed { exchange, timeout }
+        }
+        Disposition::Lost(PublishError::Broker(source)) => ClientError::Broker {
+            what: "publishing",
+            source,
+        },
+    })
+}
+
+/// What the broker's `refusal` of a `body_len`-byte body for `exchange` means.
+fn refused(refusal: Refusal, exchange: &str, body_len: usize) -> ClientError {
+    let exchange = exchange.to_string();
+    match refusal.reason {
+        ParkReason::TargetMissing => ClientError::ExchangeMissing { exchange },
+        ParkReason::TooLarge => ClientError::TooLarge {
+            bytes: body_len,
+            broker: refusal.detail,
+        },
+        _ => ClientError::Denied {
+            exchange,
+            code: refusal.code,
+            detail: refusal.detail,
+        },
     }
 }
 
@@ -543,22 +598,6 @@ fn short_name(what: &'static str, name: &str) -> Result<ShortString, ClientError
         what,
         name: truncate(name, 40).to_string(),
     })
-}
-
-/// What the broker's refusal of `what` on `exchange` means for a body of `body_len` bytes.
-fn refusal(exchange: &str, body_len: usize, what: &'static str, source: WireError) -> ClientError {
-    if source.reply_code() == Some(404) {
-        ClientError::ExchangeMissing {
-            exchange: exchange.to_string(),
-        }
-    } else if let Some(broker) = amqp::size_refusal(&source) {
-        ClientError::TooLarge {
-            bytes: body_len,
-            broker,
-        }
-    } else {
-        ClientError::Broker { what, source }
-    }
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.

@@ -8,12 +8,12 @@
 
 pub mod broker_version;
 mod depth;
+pub(crate) mod disposition;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod stream_offset;
 pub(crate) mod targets;
 mod tls;
-pub(crate) mod verdict;
 pub mod wire;
 
 pub use depth::{QueueCounts, queue_counts};
@@ -92,22 +92,6 @@ pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Connection, ConnectE
     .map_err(fail)
 }
 
-/// What the broker said of a confirmed, mandatory publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Published {
-    /// Confirmed and routed to at least one queue.
-    Routed,
-    /// Confirmed but returned: no queue was bound for it (312 NO_ROUTE).
-    Returned {
-        /// The broker's reply code.
-        code: u16,
-        /// The broker's reply text.
-        text: String,
-    },
-    /// The broker refused it (a nack: for example a full queue with `reject-publish`).
-    Nacked,
-}
-
 /// `source`, with what to check when it alone may not say: a broker that requires a client
 /// certificate may reset the connection before its alert arrives, and the URL has none.
 fn with_tls_hint(url: &BrokerUrl, source: lapin::Error) -> lapin::Error {
@@ -128,15 +112,6 @@ fn with_tls_hint(url: &BrokerUrl, source: lapin::Error) -> lapin::Error {
 pub(crate) fn reply_code(error: &lapin::Error) -> Option<u16> {
     match error.kind() {
         lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
-        _ => None,
-    }
-}
-
-/// The broker's text when it refused a publish for its body size (406, "larger than
-/// configured max size"); the channel is closed.
-pub(crate) fn size_refusal(error: &wire::WireError) -> Option<String> {
-    match (error.reply_code(), error.reply_text()) {
-        (Some(406), Some(text)) if text.contains("max size") => Some(text.to_string()),
         _ => None,
     }
 }

@@ -14,9 +14,9 @@ use lapin::types::ShortString;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::Published;
+use super::disposition::Disposition;
 use super::returns::{Claimed, Fingerprint, Return, ReturnPool};
-use super::wire::{self, Confirm, Returned, WireError};
+use super::wire::{self, Returned, WireError};
 
 /// Why a publish has no answer from the broker.
 #[derive(Debug, Error)]
@@ -97,14 +97,28 @@ impl Publisher {
     }
 
     /// Publishes with `mandatory` and waits for the broker's confirm and for what became of
-    /// this very message: routed, returned, or nacked. Many run at once on one channel.
+    /// this very message ([`Disposition`]): routed, returned, nacked, refused by a channel
+    /// error that blames it or its exchange, or lost. Many run at once on one channel.
     pub async fn publish(
         &self,
         exchange: ShortString,
         routing_key: ShortString,
         body: &[u8],
         properties: BasicProperties,
-    ) -> Result<Published, PublishError> {
+    ) -> Disposition {
+        self.publish_confirmed(exchange, routing_key, body, properties)
+            .await
+            .unwrap_or_else(Disposition::of_error)
+    }
+
+    /// [`Self::publish`], with what got no confirm as an error.
+    async fn publish_confirmed(
+        &self,
+        exchange: ShortString,
+        routing_key: ShortString,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<Disposition, PublishError> {
         let mut entry = Entry {
             seq: lock(&self.returns).register(),
             returns: &self.returns,
@@ -133,11 +147,7 @@ impl Publisher {
                 "the broker returned messages that match no publish in flight"
             );
         }
-        Ok(match (confirmed, claimed.ret) {
-            (Confirm::Ack, None) => Published::Routed,
-            (Confirm::Ack, Some(Return { code, text })) => Published::Returned { code, text },
-            (Confirm::Nack, _) => Published::Nacked,
-        })
+        Ok(Disposition::confirmed(confirmed, claimed.ret))
     }
 
     /// Runs `confirmed` until it completes or `confirm_timeout` passes while the connection
@@ -259,10 +269,14 @@ mod tests {
                             n.to_string().as_bytes(),
                             BasicProperties::default(),
                         )
-                        .await
-                        .expect("an answer from the broker");
-                    let returned = matches!(published, Published::Returned { .. });
-                    if returned != unroutable || matches!(published, Published::Nacked) {
+                        .await;
+                    let returned = matches!(published, Disposition::Returned { .. });
+                    if returned != unroutable
+                        || !matches!(
+                            published,
+                            Disposition::Returned { .. } | Disposition::Routed
+                        )
+                    {
                         wrong.push((n, published));
                     }
                 }
@@ -341,7 +355,7 @@ mod tests {
     ) -> (
         wire::Connection,
         super::fake_broker::Peer,
-        tokio::task::JoinHandle<Result<Published, PublishError>>,
+        tokio::task::JoinHandle<Disposition>,
     ) {
         use amq_protocol::protocol::{AMQPClass, basic};
         let (connection, publisher, mut peer) = publisher_on_fake(deadline).await;
@@ -389,7 +403,7 @@ mod tests {
             .await
             .expect("confirmed in time")
             .expect("task");
-        assert_eq!(published.expect("confirmed"), Published::Routed);
+        assert!(matches!(published, Disposition::Routed), "{published:?}");
     }
 
     /// A broker that answers (here: heartbeats) but never confirms a publish fails it at
@@ -420,7 +434,10 @@ mod tests {
             .expect("ended in time")
             .expect("task");
         assert!(
-            matches!(published, Err(PublishError::ConfirmTimeout(_))),
+            matches!(
+                published,
+                Disposition::Lost(PublishError::ConfirmTimeout(_))
+            ),
             "{published:?}"
         );
     }

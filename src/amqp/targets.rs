@@ -178,6 +178,8 @@ impl TargetChannels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::amqp::PublishError;
+    use crate::amqp::disposition::Disposition;
 
     /// The broker the tests use: `DELAY_BRIDGE_TEST_URL`, or the local default.
     fn broker_url() -> String {
@@ -203,7 +205,7 @@ mod tests {
     async fn publish_to(
         publisher: &Publisher,
         target: &str,
-    ) -> Result<crate::amqp::Published, crate::amqp::PublishError> {
+    ) -> crate::amqp::disposition::Disposition {
         publisher
             .publish(
                 target.into(),
@@ -250,14 +252,10 @@ mod tests {
             let publishes = (0..PUBLISHES).map(|_| {
                 let (targets, target) = (targets.clone(), target.clone());
                 tokio::spawn(async move {
-                    let publisher = targets.get(&target).await?;
-                    publish_to(&publisher, &target)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| match e {
-                            crate::amqp::PublishError::Broker(e) => e,
-                            other => panic!("no answer from the broker: {other}"),
-                        })
+                    match targets.get(&target).await {
+                        Ok(publisher) => publish_to(&publisher, &target).await,
+                        Err(e) => Disposition::of_error(PublishError::Broker(e)),
+                    }
                 })
             });
             let answers = tokio::time::timeout(
@@ -269,13 +267,7 @@ mod tests {
             let refused = answers
                 .into_iter()
                 .map(|joined| joined.expect("task"))
-                .filter(|answer| {
-                    answer
-                        .as_ref()
-                        .err()
-                        .and_then(WireError::reply_code)
-                        .is_some_and(|code| code == 404)
-                })
+                .filter(|answer| matches!(answer, Disposition::Refused(r) if r.code == 404))
                 .count();
             assert!(
                 connection.is_open(),
@@ -335,7 +327,10 @@ mod tests {
                 .await
                 .expect("a publish")
                 .expect("task");
-            assert!(first.is_ok(), "round {round}: {first:?} before the delete");
+            assert!(
+                matches!(first, Disposition::Routed | Disposition::Returned { .. }),
+                "round {round}: {first:?} before the delete"
+            );
             let deleting = {
                 let (declaring, target) = (declaring.clone(), target.clone());
                 tokio::spawn(async move {
@@ -351,17 +346,15 @@ mod tests {
             let drained = tokio::time::timeout(Duration::from_secs(60), async {
                 while let Some(joined) = in_flight.join_next().await {
                     match joined.expect("task") {
-                        Ok(_) if refused == 0 && sent < MAX_PUBLISHES => {
+                        Disposition::Refused(r) if r.code == 404 => refused += 1,
+                        Disposition::Routed | Disposition::Returned { .. }
+                            if refused == 0 && sent < MAX_PUBLISHES =>
+                        {
                             spawn_publish(&mut in_flight);
                             sent += 1;
                         }
-                        Ok(_) => {}
-                        Err(crate::amqp::PublishError::Broker(e))
-                            if e.reply_code() == Some(404) =>
-                        {
-                            refused += 1
-                        }
-                        Err(other) => panic!("round {round}: {other}"),
+                        Disposition::Routed | Disposition::Returned { .. } => {}
+                        other => panic!("round {round}: {other:?}"),
                     }
                 }
             })

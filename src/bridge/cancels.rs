@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{BridgeError, Shared};
-use crate::amqp::Published;
+use crate::amqp::disposition::Disposition;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
@@ -76,20 +76,24 @@ pub(super) async fn follow(
             b"",
             sync_properties(ShortString::from(token.as_str())),
         )
-        .await
-        .map_err(BridgeError::publish("appending the catch-up marker"))?;
-    match marker {
-        Published::Routed => {}
-        Published::Returned { code, text } => {
-            return Err(BridgeError::OwnQueueMissing(format!(
-                "the cancel stream `{stream}` did not take the catch-up marker ({code} {text})"
-            )));
+        .await;
+    let refused = match marker {
+        Disposition::Routed => None,
+        Disposition::Returned { code, text } => {
+            Some(format!("did not take the catch-up marker ({code} {text})"))
         }
-        Published::Nacked => {
-            return Err(BridgeError::OwnQueueMissing(format!(
-                "the cancel stream `{stream}` refused the catch-up marker (nack)"
-            )));
+        Disposition::Nacked => Some("refused the catch-up marker (nack)".to_string()),
+        Disposition::Refused(refusal) => {
+            Some(format!("refused the catch-up marker ({})", refusal.detail))
         }
+        Disposition::Lost(e) => {
+            return Err(BridgeError::publish("appending the catch-up marker")(e));
+        }
+    };
+    if let Some(why) = refused {
+        return Err(BridgeError::OwnQueueMissing(format!(
+            "the cancel stream `{stream}` {why}"
+        )));
     }
 
     let (caught_up_tx, caught_up) = oneshot::channel();

@@ -15,10 +15,10 @@ use super::inlet::{Inlet, Tag};
 use super::refusals::TargetRefusals;
 use super::turns::{Lane, Lanes};
 use super::{BridgeError, Shared};
+use crate::amqp::disposition::{Culprit, Disposition, Refusal, Whose, whose};
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
-use crate::amqp::verdict::{Culprit, Verdict, Whose, verdict, whose};
 use crate::amqp::wire::{self, Delivery};
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle;
@@ -672,7 +672,7 @@ impl Carrier {
     }
 
     /// Publishes until the broker settles the message one way or another, deciding each
-    /// attempt's [`Verdict`] the same way for every destination:
+    /// attempt's [`Disposition`] the same way for every destination:
     ///
     /// - routed: done;
     /// - returned: a target parks it `unroutable`; the bridge's own queue missing means a
@@ -714,8 +714,8 @@ impl Carrier {
         loop {
             // A remembered refusal is not noted again: it lapses on time, and the next
             // publish asks the target anew.
-            let verdict = match self.remembered_refusal(&attempt, alone) {
-                Some(remembered) => remembered,
+            let disposition = match self.remembered_refusal(&attempt, alone) {
+                Some(remembered) => Disposition::Refused(remembered),
                 None => {
                     // The messages of a bundle take turns with other bundles', so that one
                     // due now need not wait behind every message of a burst; the turn
@@ -734,16 +734,16 @@ impl Carrier {
                     match answer {
                         // A channel that the target's refusal closed under this publish (it
                         // was already closing): that refusal is this publish's answer too.
-                        Verdict::Lost(_) => {
-                            self.remembered_refusal(&attempt, alone).unwrap_or(answer)
-                        }
+                        Disposition::Lost(_) => self
+                            .remembered_refusal(&attempt, alone)
+                            .map_or(answer, Disposition::Refused),
                         answer => answer,
                     }
                 }
             };
-            match verdict {
-                Verdict::Routed => return Settled::Routed,
-                Verdict::Returned { code, text } => {
+            match disposition {
+                Disposition::Routed => return Settled::Routed,
+                Disposition::Returned { code, text } => {
                     return match attempt.destination {
                         Destination::Target(target) => Settled::Park(Parked::new(
                             ParkReason::Unroutable,
@@ -759,7 +759,7 @@ impl Carrier {
                         }
                     };
                 }
-                Verdict::Nacked => {
+                Disposition::Nacked => {
                     self.shared.stats.nacks.fetch_add(1, Ordering::Relaxed);
                     let since = *nacked_since.get_or_insert_with(tokio::time::Instant::now);
                     if let Destination::Target(target) = attempt.destination
@@ -774,11 +774,12 @@ impl Carrier {
                         ));
                     }
                 }
-                Verdict::Refused {
+                Disposition::Refused(Refusal {
                     reason,
                     detail,
                     culprit,
-                } => {
+                    ..
+                }) => {
                     let exchange_channel = matches!(attempt.destination, Destination::Target(_));
                     match whose(culprit, exchange_channel, alone, attempt.body.len() as u64) {
                         // A target refusing every publish alike needs no private channel;
@@ -808,7 +809,7 @@ impl Carrier {
                         };
                     }
                 }
-                Verdict::Lost(e) => {
+                Disposition::Lost(e) => {
                     lost += 1;
                     if lost > LOST_ATTEMPTS {
                         return Settled::Failed(BridgeError::publish("publishing")(e));
@@ -829,51 +830,45 @@ impl Carrier {
     /// The refusal a target gave a moment ago, standing for this attempt without asking the
     /// broker again (see `bridge::refusals`); `None` on a private channel, for the bridge's
     /// own queues, or when the target has not refused lately.
-    fn remembered_refusal(&self, attempt: &Attempt<'_>, alone: bool) -> Option<Verdict> {
+    fn remembered_refusal(&self, attempt: &Attempt<'_>, alone: bool) -> Option<Refusal> {
         let Destination::Target(target) = attempt.destination else {
             return None;
         };
         if alone {
             return None;
         }
-        let (reason, detail) = self
-            .refusals
+        self.refusals
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .recent(target, std::time::Instant::now())?;
-        Some(Verdict::Refused {
-            reason,
-            detail,
-            culprit: Culprit::Destination,
-        })
+            .recent(target, std::time::Instant::now())
     }
 
     /// Remembers what `target` answered: a refusal that blames it stands for a moment; a
     /// publish it took or returned ends that.
-    fn note_answer(&self, target: &str, verdict: &Verdict) {
+    fn note_answer(&self, target: &str, disposition: &Disposition) {
         let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
-        match verdict {
-            Verdict::Refused {
-                reason,
-                detail,
-                culprit: Culprit::Destination,
-            } => refusals.refused(target, *reason, detail, std::time::Instant::now()),
-            Verdict::Routed | Verdict::Returned { .. } | Verdict::Nacked => refusals.took(target),
-            Verdict::Refused { .. } | Verdict::Lost(_) => {}
+        match disposition {
+            Disposition::Refused(refusal) if refusal.culprit == Culprit::Destination => {
+                refusals.refused(target, refusal, std::time::Instant::now())
+            }
+            Disposition::Routed | Disposition::Returned { .. } | Disposition::Nacked => {
+                refusals.took(target)
+            }
+            Disposition::Refused(_) | Disposition::Lost(_) => {}
         }
     }
 
     /// One publish of `attempt` on its destination's channel or, `alone`, on a private one
     /// (closed after it). A channel that cannot be opened is a lost attempt.
-    async fn publish_once(&self, attempt: &Attempt<'_>, alone: bool) -> Verdict {
+    async fn publish_once(&self, attempt: &Attempt<'_>, alone: bool) -> Disposition {
         if alone {
             return match self.targets.isolated().await {
                 Ok(isolated) => {
-                    let result = publish_on(isolated.publisher(), attempt).await;
+                    let disposition = publish_on(isolated.publisher(), attempt).await;
                     isolated.close().await;
-                    verdict(result)
+                    disposition
                 }
-                Err(e) => Verdict::Lost(PublishError::Broker(e)),
+                Err(e) => Disposition::Lost(PublishError::Broker(e)),
             };
         }
         let key = match attempt.destination {
@@ -881,10 +876,10 @@ impl Carrier {
             Destination::Target(target) => target,
         };
         match self.targets.get(key).await {
-            Ok(publisher) => verdict(publish_on(&publisher, attempt).await),
+            Ok(publisher) => publish_on(&publisher, attempt).await,
             // A target found missing (or forbidden) when its channel opened refuses this
             // publish as a publish would have; any other failure is a lost attempt.
-            Err(e) => verdict(Err(PublishError::Broker(e))),
+            Err(e) => Disposition::of_error(PublishError::Broker(e)),
         }
     }
 
@@ -903,10 +898,7 @@ impl Carrier {
 }
 
 /// Publishes `attempt` once on `publisher`.
-async fn publish_on(
-    publisher: &Publisher,
-    attempt: &Attempt<'_>,
-) -> Result<crate::amqp::Published, PublishError> {
+async fn publish_on(publisher: &Publisher, attempt: &Attempt<'_>) -> Disposition {
     publisher
         .publish(
             attempt.exchange.clone(),

@@ -50,6 +50,16 @@ pub enum ParkedError {
     /// A replayed copy got no answer from the broker (the message stays parked).
     #[error("replaying into the work exchange: {0}")]
     Replay(#[from] crate::amqp::PublishError),
+    /// The broker refused a replayed copy for its exchange or its content (403 no
+    /// permission to write to the work exchange, 406 over `max_message_size`, ...); the
+    /// message stays parked, and so does every one after it.
+    #[error(
+        "the broker refused a replayed copy ({detail}); it and every message after it stay parked"
+    )]
+    ReplayRefused {
+        /// The broker's words.
+        detail: String,
+    },
     /// Connecting failed.
     #[error(transparent)]
     Connect(#[from] crate::amqp::ConnectError),

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{Filter, MOST_AT_ONCE, ParkedError, ParkedMessage, replay_properties};
 use crate::amqp;
-use crate::amqp::Published;
+use crate::amqp::disposition::Disposition;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::wire::{self, Channel, Consumer, Delivery, WireError};
 use crate::clock::now_ms;
@@ -221,7 +221,7 @@ async fn act_on(
                     if let Some(keys) = &into.state_keys {
                         properties = keys.sign(properties, &delivery.data);
                     }
-                    let published = into
+                    let disposition = into
                         .publisher
                         .publish(
                             into.work_exchange.clone(),
@@ -229,20 +229,27 @@ async fn act_on(
                             &delivery.data,
                             properties,
                         )
-                        .await?;
-                    match published {
-                        Published::Routed => {
+                        .await;
+                    match disposition {
+                        Disposition::Routed => {
                             remove(&channel, &delivery).map_err(fail)?;
                             outcome.done = true;
                         }
-                        Published::Returned { code, text } => {
+                        Disposition::Returned { code, text } => {
                             outcome.note = Some(format!(
                                 "the work exchange routed it nowhere ({code} {text}): is a bridge's topology declared?"
                             ));
                         }
-                        Published::Nacked => {
+                        Disposition::Nacked => {
                             outcome.note = Some("the work queue refused it (nack)".into());
                         }
+                        // The refusal closed the replay's channel: nothing more goes out.
+                        Disposition::Refused(refusal) => {
+                            return Err(ParkedError::ReplayRefused {
+                                detail: refusal.detail,
+                            });
+                        }
+                        Disposition::Lost(e) => return Err(e.into()),
                     }
                 }
             }

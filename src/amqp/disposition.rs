@@ -1,12 +1,16 @@
-//! What one publish attempt's result means for the message it carried, decided in one place.
+//! What became of one confirmed, mandatory publish, decided in one place: every publisher
+//! (the carrier, the typed client, the cancel follower, parked replay) gets a
+//! [`Disposition`] from [`Publisher::publish`](super::publisher::Publisher::publish) and
+//! acts on it, none reads the broker's confirms, returns or channel errors itself.
 
-use super::Published;
 use super::publisher::PublishError;
+use super::returns::Return;
+use super::wire::{Confirm, WireError};
 use crate::contract::ParkReason;
 
-/// The meaning of one confirmed, mandatory publish attempt.
+/// What became of one confirmed, mandatory publish.
 #[derive(Debug)]
-pub enum Verdict {
+pub(crate) enum Disposition {
     /// Confirmed and routed: the message is where it belongs.
     Routed,
     /// Confirmed, but no queue took it (312 NO_ROUTE).
@@ -20,25 +24,65 @@ pub enum Verdict {
     /// try again.
     Nacked,
     /// The broker closed the channel with a code that blames a message or its destination.
-    /// Every publish pending on that channel gets the same error, so it is this message's
-    /// fault only when it is refused while publishing alone.
-    Refused {
-        /// Why the message is parked if the refusal persists.
-        reason: ParkReason,
-        /// The broker's words.
-        detail: String,
-        /// What the refusal blames, as far as the broker's words tell.
-        culprit: Culprit,
-    },
+    Refused(Refusal),
     /// The channel or connection is gone, or no confirm came in time: try again on a new
     /// channel; when that keeps failing, reconnect.
     Lost(PublishError),
 }
 
+/// A channel the broker closed with a code that blames a message or its destination
+/// (403, 404, 406). Every publish pending on that channel gets the same refusal, so it is
+/// this message's fault only as far as [`whose`] tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// Why the message is parked if the refusal persists.
+    pub reason: ParkReason,
+    /// The broker's reply code.
+    pub code: u16,
+    /// The broker's words.
+    pub detail: String,
+    /// What the refusal blames, as far as the broker's words tell.
+    pub culprit: Culprit,
+}
+
+impl Disposition {
+    /// A publish the broker confirmed (`confirm`) and perhaps returned (`ret`).
+    pub(crate) fn confirmed(confirm: Confirm, ret: Option<Return>) -> Self {
+        match (confirm, ret) {
+            (Confirm::Ack, None) => Self::Routed,
+            (Confirm::Ack, Some(Return { code, text })) => Self::Returned { code, text },
+            (Confirm::Nack, _) => Self::Nacked,
+        }
+    }
+
+    /// A publish that got no confirm: a refusal when the broker's code blames the message
+    /// or its destination, otherwise lost.
+    pub(crate) fn of_error(error: PublishError) -> Self {
+        match &error {
+            PublishError::Broker(e) => Refusal::of(e).map_or(Self::Lost(error), Self::Refused),
+            PublishError::ConfirmTimeout(_) => Self::Lost(error),
+        }
+    }
+}
+
+impl Refusal {
+    /// The refusal `error` is when the broker closed a channel with a code that blames a
+    /// message or its destination; `None` for any other failure.
+    pub(crate) fn of(error: &WireError) -> Option<Self> {
+        let (code, text) = (error.reply_code()?, error.reply_text()?);
+        Some(Self {
+            reason: refusal(code, text)?,
+            code,
+            culprit: culprit(code, text),
+            detail: error.to_string(),
+        })
+    }
+}
+
 /// What a refusal that closed a channel blames. Every publish pending on that channel gets
 /// the same error, so this says which of them the broker meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Culprit {
+pub(crate) enum Culprit {
     /// The exchange published to (404 missing, 403 internal or forbidden): every publish to
     /// it is refused alike.
     Destination,
@@ -50,7 +94,7 @@ pub enum Culprit {
 
 /// Whose a refusal is, as far as one message can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Whose {
+pub(crate) enum Whose {
     /// This message's: it counts towards parking it.
     Ours,
     /// Another message's (another size was named): publish again.
@@ -62,7 +106,7 @@ pub enum Whose {
 /// Whose a refusal blaming `culprit` is for a message with a `body_len`-byte body,
 /// published `alone` on a private channel or on a channel shared by every publish to the
 /// same `exchange_channel` (a target's own channel: its publishes all go to one exchange).
-pub fn whose(culprit: Culprit, exchange_channel: bool, alone: bool, body_len: u64) -> Whose {
+pub(crate) fn whose(culprit: Culprit, exchange_channel: bool, alone: bool, body_len: u64) -> Whose {
     match culprit {
         _ if alone => Whose::Ours,
         Culprit::Destination if exchange_channel => Whose::Ours,
@@ -72,35 +116,9 @@ pub fn whose(culprit: Culprit, exchange_channel: bool, alone: bool, body_len: u6
     }
 }
 
-/// Classifies a publish attempt.
-pub fn verdict(result: Result<Published, PublishError>) -> Verdict {
-    match result {
-        Ok(Published::Routed) => Verdict::Routed,
-        Ok(Published::Returned { code, text }) => Verdict::Returned { code, text },
-        Ok(Published::Nacked) => Verdict::Nacked,
-        Err(PublishError::Broker(e)) => {
-            let refused = match (e.reply_code(), e.reply_text()) {
-                (Some(code), Some(text)) => {
-                    refusal(code, text).map(|reason| (reason, culprit(code, text)))
-                }
-                _ => None,
-            };
-            match refused {
-                Some((reason, culprit)) => Verdict::Refused {
-                    reason,
-                    detail: e.to_string(),
-                    culprit,
-                },
-                None => Verdict::Lost(PublishError::Broker(e)),
-            }
-        }
-        Err(timeout @ PublishError::ConfirmTimeout(_)) => Verdict::Lost(timeout),
-    }
-}
-
 /// The park reason for a channel closed with `code` and `text`, when that code blames the
 /// message or its destination; `None` for codes that mean the channel or connection failed.
-pub fn refusal(code: u16, text: &str) -> Option<ParkReason> {
+pub(crate) fn refusal(code: u16, text: &str) -> Option<ParkReason> {
     match code {
         // ACCESS_REFUSED: an internal exchange, or no write permission.
         403 => Some(ParkReason::TargetRefused),
@@ -117,7 +135,7 @@ pub fn refusal(code: u16, text: &str) -> Option<ParkReason> {
 }
 
 /// What a refusal with `code` and `text` blames (see [`Culprit`]).
-pub fn culprit(code: u16, text: &str) -> Culprit {
+pub(crate) fn culprit(code: u16, text: &str) -> Culprit {
     match code {
         403 | 404 => Culprit::Destination,
         // "PRECONDITION_FAILED - message size 4096 is larger than configured max size 1024"
@@ -233,21 +251,70 @@ mod tests {
     }
 
     #[test]
-    fn confirms_map_to_their_verdicts() {
-        assert!(matches!(verdict(Ok(Published::Routed)), Verdict::Routed));
-        assert!(matches!(verdict(Ok(Published::Nacked)), Verdict::Nacked));
+    fn confirms_and_returns_map_to_their_dispositions() {
+        let returned = || Return {
+            code: 312,
+            text: "NO_ROUTE".into(),
+        };
         assert!(matches!(
-            verdict(Ok(Published::Returned {
-                code: 312,
-                text: "NO_ROUTE".into()
-            })),
-            Verdict::Returned { code: 312, .. }
+            Disposition::confirmed(Confirm::Ack, None),
+            Disposition::Routed
         ));
         assert!(matches!(
-            verdict(Err(PublishError::ConfirmTimeout(
+            Disposition::confirmed(Confirm::Ack, Some(returned())),
+            Disposition::Returned { code: 312, .. }
+        ));
+        assert!(matches!(
+            Disposition::confirmed(Confirm::Nack, None),
+            Disposition::Nacked
+        ));
+        assert!(matches!(
+            Disposition::confirmed(Confirm::Nack, Some(returned())),
+            Disposition::Nacked
+        ));
+    }
+
+    #[test]
+    fn a_closed_channel_is_a_refusal_only_when_its_code_blames_the_message_or_target() {
+        let closed = |code: u16, text: &str| {
+            Disposition::of_error(PublishError::Broker(WireError::Closed {
+                what: "channel",
+                code,
+                text: text.into(),
+            }))
+        };
+        match closed(404, "NOT_FOUND - no exchange 'x' in vhost '/'") {
+            Disposition::Refused(refusal) => {
+                assert_eq!(refusal.reason, ParkReason::TargetMissing);
+                assert_eq!(refusal.code, 404);
+                assert_eq!(refusal.culprit, Culprit::Destination);
+                assert!(refusal.detail.contains("no exchange 'x'"), "{refusal:?}");
+            }
+            other => panic!("404: {other:?}"),
+        }
+        match closed(
+            406,
+            "PRECONDITION_FAILED - message size 9 is larger than configured max size 1",
+        ) {
+            Disposition::Refused(refusal) => {
+                assert_eq!(refusal.reason, ParkReason::TooLarge);
+                assert_eq!(refusal.culprit, Culprit::SizeOf(9));
+            }
+            other => panic!("406: {other:?}"),
+        }
+        assert!(matches!(
+            closed(320, "CONNECTION_FORCED - closed via management plugin"),
+            Disposition::Lost(PublishError::Broker(_))
+        ));
+        assert!(matches!(
+            Disposition::of_error(PublishError::Broker(WireError::ChannelClosed)),
+            Disposition::Lost(PublishError::Broker(WireError::ChannelClosed))
+        ));
+        assert!(matches!(
+            Disposition::of_error(PublishError::ConfirmTimeout(
                 std::time::Duration::from_secs(1)
-            ))),
-            Verdict::Lost(PublishError::ConfirmTimeout(_))
+            )),
+            Disposition::Lost(PublishError::ConfirmTimeout(_))
         ));
     }
 }
