@@ -10,6 +10,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The frame type of a method.
 const FRAME_METHOD: u8 = 1;
+/// The frame type of a heartbeat.
+const FRAME_HEARTBEAT: u8 = 8;
 /// The byte that ends every frame.
 const FRAME_END: u8 = 0xCE;
 
@@ -134,16 +136,70 @@ impl Peer {
 
     /// Sends `method` on `channel`.
     pub async fn send_on(&mut self, channel: u16, method: AMQPClass) {
-        let frame = AMQPFrame::Method(channel, method);
-        let bytes = gen_frame(&frame)(WriteContext::from(Vec::new()))
-            .expect("a frame the codec writes")
-            .write;
-        self.socket.write_all(&bytes).await.expect("written");
+        self.send_frame(AMQPFrame::Method(channel, method)).await;
     }
 
     /// The next method frame the client sent (heartbeats skipped).
     pub async fn method(&mut self) -> AMQPClass {
         self.next_method_on().await.expect("a method").1
+    }
+
+    /// The next method frame the client sent and its channel (heartbeats skipped).
+    pub async fn method_on(&mut self) -> (u16, AMQPClass) {
+        self.next_method_on().await.expect("a method")
+    }
+
+    /// Takes the client's `channel.open`, answers `channel.open-ok`, and says which
+    /// channel it was.
+    pub async fn answer_open(&mut self) -> u16 {
+        let (channel, method) = self.method_on().await;
+        assert!(
+            matches!(
+                method,
+                AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::Open(_))
+            ),
+            "{method:?} where channel.open was due"
+        );
+        self.send_on(
+            channel,
+            AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::OpenOk(
+                amq_protocol::protocol::channel::OpenOk {},
+            )),
+        )
+        .await;
+        channel
+    }
+
+    /// The next frame the client sent, whatever its type: its type, channel and payload
+    /// (heartbeats skipped).
+    pub async fn frame(&mut self) -> (u8, u16, Vec<u8>) {
+        loop {
+            let mut head = [0u8; 7];
+            self.socket.read_exact(&mut head).await.expect("a frame");
+            let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+            let mut payload = vec![0u8; size + 1];
+            self.socket
+                .read_exact(&mut payload)
+                .await
+                .expect("its payload");
+            assert_eq!(payload.pop(), Some(FRAME_END));
+            if head[0] != FRAME_HEARTBEAT {
+                return (head[0], u16::from_be_bytes([head[1], head[2]]), payload);
+            }
+        }
+    }
+
+    /// Sends `frame` as the codec writes it.
+    pub async fn send_frame(&mut self, frame: AMQPFrame) {
+        let bytes = gen_frame(&frame)(WriteContext::from(Vec::new()))
+            .expect("a frame the codec writes")
+            .write;
+        self.send_bytes(&bytes).await;
+    }
+
+    /// Sends `bytes` as they are (a frame the codec would not write, say).
+    pub async fn send_bytes(&mut self, bytes: &[u8]) {
+        self.socket.write_all(bytes).await.expect("written");
     }
 
     /// The next method frame the client sent and its channel (heartbeats and content

@@ -18,6 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::support::*;
 
+mod edges;
 mod fake_broker;
 use fake_broker::FakeBroker;
 

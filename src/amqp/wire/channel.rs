@@ -387,21 +387,38 @@ impl Channel {
     /// Sends `method` and waits for its reply; with `last`, the channel takes nothing more
     /// to send from the moment it is sent (a close).
     async fn request(&self, method: AMQPClass, last: bool) -> Result<AMQPClass, WireError> {
-        let (waiter, reply) = oneshot::channel();
-        {
-            let mut state = self.shared.state();
-            if let Some(error) = &state.closed {
-                return Err(error.clone());
-            }
-            self.inner
-                .outbox
-                .send(|frames| frames.method(self.shared.id, method))?;
-            if last {
-                state.closed = Some(WireError::ChannelClosed);
-            }
-            state.replies.push_back(waiter);
-        }
+        let reply = self.send_request(method, last)?;
         reply.await.map_err(|_| self.gone())?
+    }
+
+    /// Sends `method` and queues a waiter for its reply: replies come in the order of
+    /// their requests.
+    fn send_request(
+        &self,
+        method: AMQPClass,
+        last: bool,
+    ) -> Result<oneshot::Receiver<Result<AMQPClass, WireError>>, WireError> {
+        let (waiter, reply) = oneshot::channel();
+        let mut state = self.shared.state();
+        if let Some(error) = &state.closed {
+            return Err(error.clone());
+        }
+        self.inner
+            .outbox
+            .send(|frames| frames.method(self.shared.id, method))?;
+        if last {
+            state.closed = Some(WireError::ChannelClosed);
+        }
+        state.replies.push_back(waiter);
+        Ok(reply)
+    }
+
+    /// Sends `method` and waits for nothing: its reply is still taken in its turn, so that
+    /// every later call gets its own. It undoes what a call asked of the broker when the
+    /// call's caller has gone (its future dropped before the reply); on a channel that is
+    /// gone there is nothing to undo.
+    pub(super) fn send_detached(&self, method: AMQPClass, last: bool) {
+        let _ = self.send_request(method, last);
     }
 
     /// Lets the broker deliver at most `prefetch_count` messages unacked on this channel.
@@ -508,6 +525,12 @@ impl Channel {
             state.consumers.insert(tag.clone(), deliveries);
             tag
         };
+        // A caller that goes before the broker's consume-ok (its future dropped) leaves a
+        // consumer the broker feeds and nobody reads: cancel it.
+        let undo = scopeguard::guard(tag.clone(), |tag| {
+            self.shared.state().consumers.remove(&tag);
+            self.send_detached(cancel_method(tag), false);
+        });
         let reply = self
             .call(AMQPClass::Basic(basic::AMQPMethod::Consume(
                 basic::Consume {
@@ -521,6 +544,7 @@ impl Channel {
                 },
             )))
             .await;
+        let tag = scopeguard::ScopeGuard::into_inner(undo);
         let checked = reply.and_then(|reply| {
             expect(reply, |m| {
                 matches!(m, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
@@ -537,15 +561,14 @@ impl Channel {
         })
     }
 
-    /// Stops the consumer `tag`: nothing more is delivered to it once this returns.
+    /// Stops the consumer `tag`: nothing more is delivered to it once this returns. A
+    /// caller that goes before the broker's answer (its future dropped) ends the consumer
+    /// all the same: what is still delivered to it stays unacked until the channel closes.
     pub async fn cancel(&self, tag: &ShortString) -> Result<(), WireError> {
-        let reply = self
-            .call(AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-                consumer_tag: tag.clone(),
-                nowait: false,
-            })))
-            .await?;
-        self.shared.state().consumers.remove(tag);
+        let _forget = scopeguard::guard((), |()| {
+            self.shared.state().consumers.remove(tag);
+        });
+        let reply = self.call(cancel_method(tag.clone())).await?;
         expect(reply, |m| {
             matches!(m, AMQPClass::Basic(basic::AMQPMethod::CancelOk(_)))
         })
@@ -648,13 +671,7 @@ impl Channel {
     /// read after its `close-ok` would be on a closed channel, and it closes the whole
     /// connection for that. Confirms and deliveries already on their way still arrive.
     pub async fn close(&self) -> Result<(), WireError> {
-        let close = AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
-            reply_code: 200,
-            reply_text: "done".into(),
-            class_id: 0,
-            method_id: 0,
-        }));
-        let reply = self.request(close, true).await?;
+        let reply = self.request(close_method(), true).await?;
         expect(reply, |m| {
             matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
         })
@@ -707,6 +724,24 @@ impl Settle {
             })),
         }
     }
+}
+
+/// `channel.close` as this client closes a channel: 200, done.
+pub(super) fn close_method() -> AMQPClass {
+    AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+        reply_code: 200,
+        reply_text: "done".into(),
+        class_id: 0,
+        method_id: 0,
+    }))
+}
+
+/// `basic.cancel` of the consumer `tag`, with its reply.
+fn cancel_method(consumer_tag: ShortString) -> AMQPClass {
+    AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+        consumer_tag,
+        nowait: false,
+    }))
 }
 
 fn expect(reply: AMQPClass, is_reply: impl Fn(&AMQPClass) -> bool) -> Result<(), WireError> {

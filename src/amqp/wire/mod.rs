@@ -247,7 +247,13 @@ impl Inner {
     fn on_connection_method(&self, method: AMQPClass) -> Result<(), WireError> {
         match method {
             AMQPClass::Connection(connection::AMQPMethod::Close(close)) => {
-                let _ = self.outbox.send(|frames| {
+                let error = WireError::Closed {
+                    what: "connection",
+                    code: close.reply_code,
+                    text: close.reply_text.to_string(),
+                };
+                // Written even as the connection fails: the broker waits for it.
+                self.outbox.farewell(&error, |frames| {
                     frames.method(
                         0,
                         AMQPClass::Connection(connection::AMQPMethod::CloseOk(
@@ -255,11 +261,7 @@ impl Inner {
                         )),
                     )
                 });
-                Err(WireError::Closed {
-                    what: "connection",
-                    code: close.reply_code,
-                    text: close.reply_text.to_string(),
-                })
+                Err(error)
             }
             AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => {
                 Err(WireError::ConnectionClosed)
@@ -380,12 +382,18 @@ impl Connection {
             shared,
             inner: self.inner.clone(),
         };
+        // A caller that goes before the broker's open-ok (its future dropped) leaves a
+        // channel the broker opens and nobody uses: close it, which frees its number.
+        let undo = scopeguard::guard(channel.clone(), |channel| {
+            channel.send_detached(channel::close_method(), true)
+        });
         let reply = channel
             .call(AMQPClass::Channel(channel_methods::AMQPMethod::Open(
                 channel_methods::Open {},
             )))
-            .await?;
-        match reply {
+            .await;
+        scopeguard::ScopeGuard::into_inner(undo);
+        match reply? {
             AMQPClass::Channel(channel_methods::AMQPMethod::OpenOk(_)) => Ok(channel),
             other => Err(WireError::Unexpected(format!(
                 "{other:?} (channel.open-ok)"

@@ -18,6 +18,9 @@ use super::WireError;
 const BASIC_CLASS: u16 = 60;
 /// A frame's header (type, channel, size) and end byte.
 const FRAME_OVERHEAD: usize = 8;
+/// How long the writer tries to write its last frame (a `close-ok`) once the connection
+/// has failed.
+const FAREWELL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Frames encoded and not yet written.
 pub(super) struct Outbox {
@@ -72,11 +75,35 @@ impl Outbox {
         Ok(())
     }
 
-    /// Takes no more frames: every later [`Outbox::send`] fails with `error`.
+    /// Takes no more frames: every later [`Outbox::send`] fails with `error`, and what was
+    /// queued is not written (after a [`Outbox::farewell`], only its frame is).
     pub(super) fn close(&self, error: &WireError) {
         let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        queued.closed.get_or_insert_with(|| error.clone());
+        if queued.closed.is_none() {
+            queued.closed = Some(error.clone());
+            queued.bytes.clear();
+        }
+    }
+
+    /// Closes with `error` like [`Outbox::close`], keeping one last frame to write: the
+    /// `connection.close-ok` that answers the broker's `connection.close`.
+    pub(super) fn farewell(
+        &self,
+        error: &WireError,
+        write: impl FnOnce(&mut Frames<'_>) -> Result<(), WireError>,
+    ) {
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        if queued.closed.is_some() {
+            return;
+        }
+        queued.closed = Some(error.clone());
         queued.bytes.clear();
+        let mut frames = Frames {
+            bytes: &mut queued.bytes,
+            frame_max: self.frame_max,
+        };
+        let _ = write(&mut frames);
+        self.ready.notify_one();
     }
 
     /// Writes what is queued to `writer` as it comes, until `stop`; then closes `writer`.
@@ -102,6 +129,22 @@ impl Outbox {
             writer.write_all(&writing).await.map_err(WireError::io)?;
             writer.flush().await.map_err(WireError::io)?;
             writing.clear();
+        }
+        // A farewell is all a closed outbox still holds; a peer that does not read it
+        // within a moment does not keep the writer.
+        let last = std::mem::take(
+            &mut self
+                .queued
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .bytes,
+        );
+        if !last.is_empty() {
+            let _ = tokio::time::timeout(FAREWELL_WITHIN, async {
+                writer.write_all(&last).await?;
+                writer.flush().await
+            })
+            .await;
         }
         let _ = writer.close().await;
         Ok(())
