@@ -3,6 +3,7 @@
 
 mod bundles;
 mod cancel;
+mod connections;
 mod delivery;
 mod faults;
 mod flow;

@@ -1,0 +1,140 @@
+//! A bridge holds three connections (control, consuming, publishing) through every kind of
+//! traffic and a lost session, and never opens a fourth: what the broker lists under the
+//! bridge's names, sampled all along.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use delay_bridge::client::{Message, When};
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// How many connections the broker lists whose name begins `delay-bridge <prefix>` (the
+/// bridge's three are `delay-bridge <prefix>`, `... consumer` and `... publisher`).
+fn bridge_connections(prefix: &str) -> usize {
+    let out = rabbitmqctl()
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl lists the connections");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_connections: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // rabbitmqctl prints the property as `{"connection_name","<name>"}`.
+    let named = format!("\"delay-bridge {prefix}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.contains(&named))
+        .count()
+}
+
+/// Waits until the broker lists exactly three connections of the bridge (each list takes
+/// rabbitmqctl a moment: off the runtime, so that the bridge in this process runs on).
+async fn three_listed(prefix: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let prefix = prefix.to_string();
+        let listed = tokio::task::spawn_blocking(move || bridge_connections(&prefix))
+            .await
+            .expect("the list");
+        if listed == 3 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{listed} connections of the bridge listed, not 3, within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Lists the bridge's connections again and again until told to stop; gives the most seen
+/// at once and how many lists it took.
+fn sample(prefix: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, usize)> {
+    std::thread::spawn(move || {
+        let (mut most, mut samples) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            most = most.max(bridge_connections(&prefix));
+            samples += 1;
+        }
+        (most, samples)
+    })
+}
+
+/// Deliveries, an unroutable message, an unreadable one, a cancel, and a lost session with
+/// its reconnect: the broker never lists more than three connections of the bridge, and
+/// three again once it has reconnected. (Before the AMQP layer had one rule, an unreadable
+/// delivery made a bridge open a fourth, bare connection to sweep its queue.)
+#[tokio::test]
+async fn a_bridge_holds_three_connections_and_never_opens_a_fourth() {
+    let mut w = World::start(Setup::new("connections")).await;
+    let prefix = w.prefix().to_string();
+    three_listed(&prefix, 20 * SEC).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample(prefix.clone(), stop.clone());
+
+    w.publish("rk.first", b"first", with_delay(600)).await;
+    assert_eq!(w.recv_within(10 * SEC).await.body, b"first");
+    w.publish("unbound.key", b"unroutable", with_delay(300))
+        .await;
+    assert_eq!(w.parked_within(10 * SEC).await.body, b"unroutable");
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
+    crate::support::raw::publish_raw_properties(
+        &broker_url(),
+        &w.ingress,
+        b"rk.bad",
+        &properties,
+        b"unreadable",
+    )
+    .await;
+    assert_eq!(w.parked_within(10 * SEC).await.body, b"unreadable");
+    let client = w.client().await;
+    let message = |id: &str| {
+        Message::new(w.ingress.as_str(), "rk.cancel", id.as_bytes().to_vec()).with_message_id(id)
+    };
+    client
+        .schedule(message("doomed"), When::After(2 * SEC))
+        .await
+        .expect("scheduled");
+    client.cancel("doomed").await.expect("cancelled");
+    client
+        .schedule(message("sentinel"), When::After(3 * SEC))
+        .await
+        .expect("scheduled");
+    assert_eq!(w.recv_within(10 * SEC).await.body, b"sentinel");
+    client.close().await.expect("closed");
+
+    let closed = close_connections_named(&format!("delay-bridge {prefix}"));
+    assert_eq!(
+        closed, 3,
+        "the bridge's three connections were listed and closed"
+    );
+    let stats = w.stats();
+    wait_until("the bridge reconnected", 30 * SEC, || {
+        stats.snapshot().reconnects >= 1
+    })
+    .await;
+    w.publish("rk.after", b"after", with_delay(300)).await;
+    assert_eq!(w.recv_within(20 * SEC).await.body, b"after");
+    three_listed(&prefix, 20 * SEC).await;
+
+    stop.store(true, Ordering::Relaxed);
+    let (most, samples) = sampler.join().expect("the sampler");
+    println!("{samples} lists of the broker's connections, at most {most} of the bridge's");
+    assert!(
+        samples >= 3,
+        "the connections were listed during the traffic"
+    );
+    assert!(most <= 3, "{most} connections of the bridge at once");
+    w.cleanup().await;
+}
