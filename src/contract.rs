@@ -23,7 +23,7 @@ mod encode;
 mod reason;
 pub mod signature;
 mod size;
-mod value;
+pub(crate) mod value;
 
 pub use decode::{beyond_max_delay, decode, redelivered_too_often};
 pub use encode::{

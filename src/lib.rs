@@ -22,6 +22,9 @@
 //! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
 //!   park reasons, a content header's frame size, bundles (several hops as one message).
 //! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
+//! - [`recurring`]: recurring schedules: the `x-repeat-*` headers read, the next
+//!   occurrence of an interval or a cron expression in a time zone, and what delivering one
+//!   late means (one overdue occurrence, the rest counted as skipped).
 //!
 //! AMQP edge:
 //! - [`amqp`]: connecting, and the broker's version; the project's own AMQP connection
@@ -70,6 +73,7 @@ pub mod parked;
 pub mod pending;
 pub mod permissions;
 pub mod plan;
+pub mod recurring;
 pub mod status;
 pub mod topology;
 

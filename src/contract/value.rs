@@ -144,7 +144,7 @@ pub fn parse_published_at(value: &AMQPValue) -> Result<u64, String> {
 }
 
 /// Any AMQP integer type, widened. `LongLongUInt` above `i64::MAX` saturates.
-pub(super) fn as_integer(value: &AMQPValue) -> Option<i64> {
+pub(crate) fn as_integer(value: &AMQPValue) -> Option<i64> {
     Some(match value {
         AMQPValue::ShortShortInt(v) => i64::from(*v),
         AMQPValue::ShortShortUInt(v) => i64::from(*v),
@@ -157,7 +157,7 @@ pub(super) fn as_integer(value: &AMQPValue) -> Option<i64> {
     })
 }
 
-pub(super) fn as_text(value: &AMQPValue) -> Option<String> {
+pub(crate) fn as_text(value: &AMQPValue) -> Option<String> {
     match value {
         AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
         AMQPValue::ShortString(s) => Some(s.as_str().to_string()),

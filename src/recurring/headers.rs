@@ -1,0 +1,140 @@
+//! The wire contract of recurring schedules: the headers a publisher sets, read into a
+//! [`Recurrence`], and the headers each delivered occurrence carries.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use croner::Cron;
+use lapin::types::{AMQPValue, FieldTable};
+
+use super::{Recurrence, RecurrenceError, Rule};
+use crate::contract::value::{as_integer, as_text, parse_deliver_at_in};
+
+/// Header names of recurring schedules.
+pub mod header {
+    /// Repeat every interval: a duration (`5m`, `1h30m`, `@every 10m`) or milliseconds.
+    pub const EVERY: &str = "x-repeat-every";
+    /// Repeat on a cron expression (five fields, or six with seconds first; `@daily` and
+    /// the other nicknames too).
+    pub const CRON: &str = "x-repeat-cron";
+    /// The IANA time zone a cron expression is read in (`Europe/Berlin`); UTC when absent.
+    pub const TIME_ZONE: &str = "x-repeat-tz";
+    /// No occurrence after this time: epoch milliseconds or RFC 3339.
+    pub const UNTIL: &str = "x-repeat-until";
+    /// At most this many occurrences.
+    pub const COUNT: &str = "x-repeat-count";
+    /// On a delivered occurrence: its number, from 1.
+    pub const OCCURRENCE: &str = "x-occurrence";
+    /// On a delivered occurrence: when it was due, epoch ms.
+    pub const OCCURRENCE_DUE: &str = "x-occurrence-due";
+    /// On a delivered occurrence that stands for later ones also due by then: `true`.
+    pub const OCCURRENCE_LATE: &str = "x-occurrence-late";
+    /// On a late occurrence: how many occurrences after it were skipped.
+    pub const SKIPPED: &str = "x-occurrences-skipped";
+}
+
+impl Recurrence {
+    /// The schedule `headers` describe, `None` for a message that does not repeat.
+    /// `has_id` says whether the message has a `message_id`, which a schedule needs.
+    pub fn from_headers(
+        headers: &FieldTable,
+        has_id: bool,
+    ) -> Result<Option<Recurrence>, RecurrenceError> {
+        let get = |name: &str| headers.inner().get(name);
+        let rule = match (get(header::EVERY), get(header::CRON)) {
+            (Some(_), Some(_)) => return Err(RecurrenceError::TwoRules),
+            (Some(every), None) => {
+                if get(header::TIME_ZONE).is_some() {
+                    return Err(RecurrenceError::ZoneForInterval);
+                }
+                Rule::Every(interval(every)?)
+            }
+            (None, Some(cron)) => cron_rule(cron, get(header::TIME_ZONE))?,
+            (None, None) => {
+                return match [header::TIME_ZONE, header::UNTIL, header::COUNT]
+                    .into_iter()
+                    .find(|name| get(name).is_some())
+                {
+                    Some(name) => Err(RecurrenceError::NoRule(name)),
+                    None => Ok(None),
+                };
+            }
+        };
+        if !has_id {
+            return Err(RecurrenceError::NoId);
+        }
+        let until_ms = get(header::UNTIL)
+            .map(|value| {
+                parse_deliver_at_in(header::UNTIL, value)
+                    .and_then(|ms| u64::try_from(ms).map_err(|_| "before 1970".to_string()))
+                    .map_err(|reason| RecurrenceError::BadEnd {
+                        name: header::UNTIL,
+                        reason,
+                    })
+            })
+            .transpose()?;
+        let count = get(header::COUNT).map(count).transpose()?;
+        Ok(Some(Recurrence {
+            rule,
+            until_ms,
+            count,
+        }))
+    }
+}
+
+/// `x-repeat-every`: a duration, optionally after `@every `, or whole milliseconds.
+fn interval(value: &AMQPValue) -> Result<Duration, RecurrenceError> {
+    let period = match as_integer(value) {
+        Some(ms) => u64::try_from(ms).ok().map(Duration::from_millis),
+        None => as_text(value).and_then(|text| {
+            let text = text.trim();
+            let text = text.strip_prefix("@every").unwrap_or(text).trim();
+            match text.parse::<u64>() {
+                Ok(ms) => Some(Duration::from_millis(ms)),
+                Err(_) => humantime::parse_duration(text).ok(),
+            }
+        }),
+    };
+    period
+        .filter(|period| !period.is_zero())
+        .ok_or_else(|| RecurrenceError::BadInterval(shown(value)))
+}
+
+/// `x-repeat-cron` read in `x-repeat-tz` (UTC when absent).
+fn cron_rule(cron: &AMQPValue, zone: Option<&AMQPValue>) -> Result<Rule, RecurrenceError> {
+    let expression = as_text(cron).unwrap_or_default();
+    let parsed = Cron::from_str(&expression).map_err(|e| RecurrenceError::BadCron {
+        expression: expression.clone(),
+        reason: e.to_string(),
+    })?;
+    let zone = match zone {
+        None => Tz::UTC,
+        Some(value) => {
+            let name = as_text(value).unwrap_or_default();
+            Tz::from_str(name.trim()).map_err(|_| RecurrenceError::UnknownZone(shown(value)))?
+        }
+    };
+    Ok(Rule::Cron {
+        expression,
+        cron: Box::new(parsed),
+        zone,
+    })
+}
+
+/// `x-repeat-count`: a whole number of at least 1.
+fn count(value: &AMQPValue) -> Result<u64, RecurrenceError> {
+    let count = as_integer(value).or_else(|| as_text(value)?.trim().parse::<i64>().ok());
+    count
+        .and_then(|count| u64::try_from(count).ok())
+        .filter(|count| *count >= 1)
+        .ok_or_else(|| RecurrenceError::BadEnd {
+            name: header::COUNT,
+            reason: format!("{} is not a whole number of at least 1", shown(value)),
+        })
+}
+
+/// A header value as the detail of a refusal shows it.
+fn shown(value: &AMQPValue) -> String {
+    as_text(value).unwrap_or_else(|| format!("{value:?}"))
+}
