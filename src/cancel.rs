@@ -13,6 +13,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+mod successors;
+
+pub use successors::{SuccessorSet, Successors, birth};
+
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -25,6 +29,12 @@ pub mod header {
     /// On a tombstone, optional: when the cancelled message was due, epoch ms. The
     /// tombstone then leaves memory at that time plus the grace, not `max_delay` later.
     pub const DUE_AT: &str = "delay-bridge-due-at";
+    /// On a successor tombstone: when the schedule entered, epoch ms.
+    pub const ENTERED_AT: &str = "delay-bridge-entered-at";
+    /// On a successor tombstone: the occurrence delivered.
+    pub const AFTER_OCCURRENCE: &str = "delay-bridge-after-occurrence";
+    /// On a successor tombstone: copies born before this are dropped.
+    pub const BORN_BEFORE: &str = "delay-bridge-born-before";
 }
 
 /// How far ahead of the reading bridge's clock a tombstone's `cancelled_at` may be. A
@@ -34,6 +44,8 @@ pub const CLOCK_ALLOWANCE_MS: u64 = 1_000;
 
 /// `delay-bridge-kind` of a tombstone.
 pub const KIND_CANCEL: &str = "cancel";
+/// `delay-bridge-kind` of a successor tombstone (see [`Successors`]).
+pub const KIND_SUCCESSORS: &str = "successors";
 /// `delay-bridge-kind` of a catch-up marker (a bridge appends one at boot and reads up to it).
 pub const KIND_SYNC: &str = "sync";
 
@@ -53,6 +65,8 @@ pub struct Tombstone {
 pub enum StreamEntry {
     /// A cancellation.
     Cancel(Tombstone),
+    /// A successor tombstone of a recurring schedule.
+    Successors(Successors),
     /// A catch-up marker with its token.
     Sync(String),
     /// Something else; the text says what is wrong with it. Skipped (and logged).
@@ -112,6 +126,24 @@ pub fn tombstone_properties(
     entry_properties(message_id, headers)
 }
 
+/// The properties of a successor tombstone (the body is empty).
+pub fn successors_properties(message_id: ShortString, successors: &Successors) -> BasicProperties {
+    let int = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
+    entry_properties(
+        message_id,
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_SUCCESSORS)),
+            ),
+            (header::ENTERED_AT, int(successors.entered_at)),
+            (header::AFTER_OCCURRENCE, int(successors.after_occurrence)),
+            (header::BORN_BEFORE, int(successors.born_before)),
+            (header::DUE_AT, int(successors.due_at)),
+        ],
+    )
+}
+
 /// The properties of a catch-up marker with this token (the body is empty).
 pub fn sync_properties(token: ShortString) -> BasicProperties {
     entry_properties(
@@ -140,15 +172,35 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
         .as_ref()
         .map(|m| m.as_str().to_string())
         .filter(|m| !m.is_empty());
+    let epoch_ms = |v: Option<&AMQPValue>| match v {
+        Some(AMQPValue::LongLongInt(v)) if *v >= 0 => Some(*v as u64),
+        Some(AMQPValue::LongInt(v)) if *v >= 0 => Some(*v as u64),
+        Some(AMQPValue::LongUInt(v)) => Some(u64::from(*v)),
+        _ => None,
+    };
     match (kind.as_str(), id) {
         (KIND_SYNC, Some(token)) => StreamEntry::Sync(token),
-        (KIND_CANCEL, Some(message_id)) => {
-            let epoch_ms = |v: Option<&AMQPValue>| match v {
-                Some(AMQPValue::LongLongInt(v)) if *v >= 0 => Some(*v as u64),
-                Some(AMQPValue::LongInt(v)) if *v >= 0 => Some(*v as u64),
-                Some(AMQPValue::LongUInt(v)) => Some(u64::from(*v)),
-                _ => None,
+        (KIND_SUCCESSORS, Some(message_id)) => {
+            let field = |name: &str| {
+                epoch_ms(get(name)).ok_or_else(|| {
+                    format!("successor tombstone for `{message_id}` has no integer `{name}`")
+                })
             };
+            let read = (|| {
+                Ok::<_, String>(Successors {
+                    entered_at: field(header::ENTERED_AT)?,
+                    after_occurrence: field(header::AFTER_OCCURRENCE)?,
+                    born_before: field(header::BORN_BEFORE)?,
+                    due_at: field(header::DUE_AT)?,
+                    message_id: message_id.clone(),
+                })
+            })();
+            match read {
+                Ok(successors) => StreamEntry::Successors(successors),
+                Err(why) => StreamEntry::Invalid(why),
+            }
+        }
+        (KIND_CANCEL, Some(message_id)) => {
             // A malformed due time is ignored: the tombstone is then kept the longest.
             let due_at = epoch_ms(get(header::DUE_AT));
             let cancelled_at = match epoch_ms(get(header::CANCELLED_AT)) {
@@ -166,7 +218,7 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
                 due_at,
             })
         }
-        (KIND_SYNC | KIND_CANCEL, None) => {
+        (KIND_SYNC | KIND_CANCEL | KIND_SUCCESSORS, None) => {
             StreamEntry::Invalid(format!("`{kind}` entry without a message_id"))
         }
         (other, _) => StreamEntry::Invalid(format!("unknown entry kind `{other}`")),
@@ -215,6 +267,8 @@ pub struct TombstoneSet {
     live: HashMap<String, Live>,
     /// (expires at, id), to expire in order.
     by_expiry: BTreeSet<(u64, String)>,
+    /// The successor tombstones of recurring schedules.
+    successors: SuccessorSet,
 }
 
 impl TombstoneSet {
@@ -226,6 +280,7 @@ impl TombstoneSet {
             grace_ms,
             live: HashMap::new(),
             by_expiry: BTreeSet::new(),
+            successors: SuccessorSet::default(),
         }
     }
 
@@ -290,6 +345,7 @@ impl TombstoneSet {
 
     /// Removes the tombstones whose covered copies can no longer be pending at `now_ms`.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Expired> {
+        self.successors.expire(now_ms);
         let mut gone = Vec::new();
         while let Some(first) = self.by_expiry.first() {
             if first.0 > now_ms {
@@ -307,7 +363,38 @@ impl TombstoneSet {
 
     /// When the next tombstone expires, epoch ms.
     pub fn next_expiry(&self) -> Option<u64> {
-        self.by_expiry.first().map(|(at, _)| *at)
+        let plain = self.by_expiry.first().map(|(at, _)| *at);
+        match (plain, self.successors.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Adds a successor tombstone read at `now_ms`, kept a grace after the occurrence it
+    /// names was due; false when that has passed.
+    pub fn insert_successors(&mut self, successors: Successors, now_ms: u64) -> bool {
+        self.successors.insert(successors, self.grace_ms, now_ms)
+    }
+
+    /// True when the copy of a recurring schedule's `occurrence`, born at `born`, is
+    /// dropped: its schedule `(message_id, entered_at)` is cancelled, or a successor
+    /// tombstone says another copy of that occurrence lives.
+    pub fn cancels_occurrence(
+        &mut self,
+        message_id: &str,
+        entered_at: u64,
+        occurrence: u64,
+        born: u64,
+    ) -> bool {
+        self.cancels(message_id, entered_at)
+            || self
+                .successors
+                .drops(message_id, entered_at, occurrence, born)
+    }
+
+    /// How many successor tombstones are live.
+    pub fn successors_len(&self) -> usize {
+        self.successors.len()
     }
 
     /// How many tombstones are live.

@@ -86,6 +86,11 @@ pub mod header {
     /// Bridge state: when the copy entered, for cancellation (`x-published-at`, else first
     /// seen), epoch ms.
     pub const STATE_ENTERED_AT: &str = "delay-bridge-entered-at";
+    /// Bridge state of a recurring schedule's copy: the number of its occurrence (from 1).
+    pub const STATE_OCCURRENCE: &str = "delay-bridge-occurrence";
+    /// Bridge state of a recurring schedule's copy: its birth (see
+    /// [`crate::cancel::birth`]), which orders two copies of one occurrence.
+    pub const STATE_BORN: &str = "delay-bridge-born";
     /// On parked messages: the stable reason code.
     pub const REASON: &str = "delay-bridge-reason";
     /// On parked messages: a human explanation.
@@ -114,7 +119,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 29] = [
+    pub const ALL: [&str; 31] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -133,6 +138,8 @@ pub mod header {
         STATE_HOPS,
         STATE_FIRST_SEEN,
         STATE_ENTERED_AT,
+        STATE_OCCURRENCE,
+        STATE_BORN,
         REASON,
         DETAIL,
         PARKED_AT,
@@ -241,6 +248,9 @@ pub struct Intake<'a> {
     pub routes: &'a [Route],
     /// The longest delay accepted.
     pub max_delay: Duration,
+    /// The smallest level: a recurring schedule whose occurrences come closer together is
+    /// refused.
+    pub smallest_level: Duration,
 }
 
 /// What the publisher's properties had that the bridge must not carry through levels.
@@ -279,6 +289,11 @@ pub struct Envelope {
     pub properties: Properties,
     /// The properties set aside while the message travels.
     pub stash: Stash,
+    /// For a copy of a recurring schedule: the number of its occurrence (from 1).
+    pub occurrence: Option<u64>,
+    /// For a copy of a recurring schedule: its birth, which orders two copies of one
+    /// occurrence (see [`crate::cancel::Successors`]); 0 for other messages.
+    pub born: u64,
 }
 
 #[cfg(test)]

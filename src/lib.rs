@@ -21,7 +21,8 @@
 //! - [`config`]: the TOML file, raw then validated.
 //! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
 //!   park reasons, a content header's frame size, bundles (several hops as one message).
-//! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones.
+//! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones
+//!   (and the successor tombstones that keep one copy of a recurring schedule).
 //! - [`recurring`]: recurring schedules: the `x-repeat-*` headers read, the next
 //!   occurrence of an interval or a cron expression in a time zone, and what delivering one
 //!   late means (one overdue occurrence, the rest counted as skipped).

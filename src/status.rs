@@ -139,6 +139,9 @@ pub struct StreamEntries {
     /// Cancels (tombstones) the stream still holds; the bridges forget each one after
     /// `max_delay + cancel.grace`, or `cancel.grace` after the due time it names.
     pub tombstones: u64,
+    /// Successor tombstones, one per delivered occurrence of a recurring schedule (see
+    /// [`crate::cancel::Successors`]).
+    pub successors: u64,
     /// Catch-up markers, one per bridge start.
     pub markers: u64,
     /// Entries that are neither (skipped by the bridges).
@@ -209,12 +212,27 @@ pub async fn read(
     let parked_queue = count(names.parked_queue()).await?;
     let cancel_stream = count(names.cancel_stream()).await?;
     let _ = channel.close(200, "counted".into()).await;
-    let cancel_entries = read_stream(config).await?;
-    let not_read = unsafe_to_read(config, connection).await;
-    let read = match not_read {
-        None => parked::peek(config, parked_limit).await?.0,
-        Some(_) => Vec::new(),
+    // The stream and the parked queue are read on one connection of the project's own.
+    let reading = amqp::connect_wire(config.url(), "delay-bridge status")
+        .await
+        .map_err(StatusError::Connect)?;
+    let read_both = async {
+        let cancel_entries = count_stream(&reading, &names.cancel_stream())
+            .await
+            .map_err(|source| StatusError::Stream {
+                stream: names.cancel_stream(),
+                source,
+            })?;
+        let not_read = unsafe_to_read(config, connection).await;
+        let read = match not_read {
+            None => parked::peek_on(&reading, config, parked_limit).await?.0,
+            Some(_) => Vec::new(),
+        };
+        Ok::<_, StatusError>((cancel_entries, not_read, read))
     };
+    let read_both = read_both.await;
+    reading.close().await;
+    let (cancel_entries, not_read, read) = read_both?;
     Ok(Status {
         prefix: names.prefix().to_string(),
         queue_type: config.queue_type.to_string(),
@@ -238,25 +256,11 @@ pub async fn read(
     })
 }
 
-/// Reads the cancel stream from its first entry until none has come for
+/// Reads the cancel stream on `connection` from its first entry until none has come for
 /// [`STREAM_QUIET`] (a stream has no end-of-stream signal over AMQP 0-9-1, and `status`
 /// writes nothing to find its end), at most [`STREAM_READ_MOST`] entries, and sorts them by
-/// kind. Reading a stream takes nothing from it. It reads on the project's own connection,
-/// which hands over an entry its codec cannot read as bytes: counted as unreadable.
-async fn read_stream(config: &Config) -> Result<StreamEntries, StatusError> {
-    let fail = |source| StatusError::Stream {
-        stream: config.names.cancel_stream(),
-        source,
-    };
-    let connection = amqp::connect_wire(config.url(), "delay-bridge status")
-        .await
-        .map_err(StatusError::Connect)?;
-    let result = count_stream(&connection, &config.names.cancel_stream()).await;
-    connection.close().await;
-    result.map_err(fail)
-}
-
-/// [`read_stream`] on `connection`.
+/// kind. Reading a stream takes nothing from it. The project's own connection hands over an
+/// entry its codec cannot read as bytes: counted as unreadable.
 async fn count_stream(
     connection: &amqp::wire::Connection,
     stream: &str,
@@ -281,6 +285,7 @@ async fn count_stream(
         match &delivery.unreadable {
             None => match read_entry(&delivery.properties) {
                 StreamEntry::Cancel(_) => entries.tombstones += 1,
+                StreamEntry::Successors(_) => entries.successors += 1,
                 StreamEntry::Sync(_) => entries.markers += 1,
                 StreamEntry::Invalid(_) => entries.invalid += 1,
             },

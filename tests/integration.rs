@@ -14,6 +14,7 @@ mod metrics;
 mod no_loss;
 mod parked;
 mod permissions;
+mod recurring;
 mod refusals;
 mod signature;
 mod status;

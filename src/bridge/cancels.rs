@@ -219,6 +219,13 @@ fn apply(shared: &Shared, entry: StreamEntry, token: &str) -> bool {
             }
             false
         }
+        StreamEntry::Successors(successors) => {
+            let mut set = shared.tombstones.lock().expect("tombstone lock");
+            if set.insert_successors(successors, now_ms()) {
+                tracing::trace!(live = set.successors_len(), "successor tombstone");
+            }
+            false
+        }
         StreamEntry::Sync(seen) => seen == token,
         StreamEntry::Invalid(why) => {
             tracing::warn!("skipping a cancel-stream entry: {why}");

@@ -20,12 +20,14 @@ use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::TargetChannels;
 use crate::amqp::wire::{self, Delivery};
+use crate::cancel::Successors;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle;
 use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
     hop_properties, parked_properties,
 };
+use crate::recurring::{self, Delivering, Occurrence, Recurrence};
 
 mod bundles;
 mod planner;
@@ -88,6 +90,8 @@ struct Decoded {
     /// For a message of a bundle, its lane (the bundle's messages due at its instant): it
     /// publishes to its target in turns with the other lanes (see `bridge::turns`).
     lane: Option<Lane>,
+    /// True for a message taken in from a route's ingress (not back from a level).
+    taken_in: bool,
 }
 
 /// A delivery that could not be decoded: parked as it was consumed.
@@ -338,6 +342,7 @@ impl Carrier {
                 read_at,
                 waits_here: tag.inlet == Inlet::Returns,
                 lane: None,
+                taken_in: exchange.as_str() != self.shared.work_exchange,
             }),
             Err(parked) => Err(Box::new(Undecodable {
                 tag,
@@ -360,7 +365,15 @@ impl Carrier {
             read_at,
             waits_here,
             lane,
+            taken_in,
         } = moving;
+        // A recurring schedule taken in replaces whatever its id named before.
+        if *taken_in && envelope.occurrence.is_some() {
+            match Box::pin(self.replace_older(*tag, envelope)).await {
+                Outcome::Done => {}
+                other => return other,
+            }
+        }
         let rules = Rules {
             ladder: &config.ladder,
             margin: config.margin,
@@ -510,6 +523,7 @@ impl Carrier {
             work_exchange: &self.shared.work_exchange,
             routes: &config.routes,
             max_delay: config.max_delay,
+            smallest_level: config.ladder.smallest(),
         };
         let incoming = Incoming {
             exchange: exchange.as_str(),
@@ -525,12 +539,17 @@ impl Carrier {
         let Some(id) = envelope.properties.message_id.as_ref() else {
             return false;
         };
-        let dropped = self
-            .shared
-            .tombstones
-            .lock()
-            .expect("tombstone lock")
-            .cancels(id.as_str(), envelope.entered_at);
+        let mut tombstones = self.shared.tombstones.lock().expect("tombstone lock");
+        let dropped = match envelope.occurrence {
+            Some(occurrence) => tombstones.cancels_occurrence(
+                id.as_str(),
+                envelope.entered_at,
+                occurrence,
+                envelope.born,
+            ),
+            None => tombstones.cancels(id.as_str(), envelope.entered_at),
+        };
+        drop(tombstones);
         if dropped {
             self.shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(
@@ -633,13 +652,18 @@ impl Carrier {
         read_at: u64,
         lane: Option<&Lane>,
     ) -> Outcome {
+        let mut properties = delivery_properties(envelope, &self.shared.bridge_user);
+        let recurring = self.occurrence(envelope);
+        if let Some((occurrence, delivering)) = &recurring {
+            properties = recurring::with_occurrence(properties, *occurrence, delivering);
+        }
         let attempt = Attempt {
             tag,
             destination: Destination::Target(&envelope.target),
             exchange: ShortString::from(envelope.target.as_str()),
             routing_key: envelope.routing_key.clone(),
             body,
-            properties: delivery_properties(envelope, &self.shared.bridge_user),
+            properties,
             lane,
         };
         match self.publish_until_settled(attempt).await {
@@ -663,9 +687,151 @@ impl Carrier {
                     read_lead_ms = envelope.deliver_at as i64 - read_at as i64,
                     "delivered"
                 );
-                Outcome::Done
+                match recurring {
+                    Some((occurrence, delivering)) => {
+                        Box::pin(self.schedule_next(tag, body, envelope, occurrence, delivering))
+                            .await
+                    }
+                    None => Outcome::Done,
+                }
             }
             Settled::Park(parked) => self.park_read(tag, body, envelope, parked).await,
+            Settled::Release => Outcome::Release,
+            Settled::Failed(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// For a copy of a recurring schedule: its occurrence, and what delivering it now
+    /// means (skipped occurrences, the next one). `None` for any other message, and for a
+    /// copy whose schedule no longer reads (it is delivered once, and the schedule ends).
+    fn occurrence(&self, envelope: &Envelope) -> Option<(Occurrence, Delivering)> {
+        let number = envelope.occurrence?;
+        let headers = envelope.properties.headers.clone().unwrap_or_default();
+        let recurrence = match Recurrence::from_headers(&headers, true) {
+            Ok(Some(recurrence)) => recurrence,
+            other => {
+                tracing::error!(
+                    message_id = ?envelope.properties.message_id,
+                    ?other,
+                    "a recurring schedule's copy no longer reads as one: delivered once, and the schedule ends"
+                );
+                return None;
+            }
+        };
+        let occurrence = Occurrence {
+            number,
+            due_ms: envelope.deliver_at,
+        };
+        Some((occurrence, recurrence.delivering(occurrence, now_ms())))
+    }
+
+    /// After an occurrence of a recurring schedule was delivered: its successor tombstone
+    /// into the cancel stream, then the copy of the next occurrence through the work
+    /// exchange, each confirmed, before the delivery is acknowledged. A copy carried twice
+    /// thus delivers its occurrence twice at most, and of the two next copies it publishes
+    /// only the one born last lives (see [`crate::cancel::Successors`]).
+    async fn schedule_next(
+        &self,
+        tag: Tag,
+        body: &[u8],
+        envelope: &Envelope,
+        occurrence: Occurrence,
+        delivering: Delivering,
+    ) -> Outcome {
+        let instruments = &self.shared.instruments;
+        instruments.occurrence(delivering.skipped);
+        let (Some(next), Some(id)) = (delivering.next, envelope.properties.message_id.clone())
+        else {
+            tracing::debug!(
+                occurrence = occurrence.number,
+                "the recurring schedule ended"
+            );
+            return Outcome::Done;
+        };
+        let born = crate::cancel::birth(now_ms(), rand::random());
+        let successors = Successors {
+            message_id: id.to_string(),
+            entered_at: envelope.entered_at,
+            after_occurrence: occurrence.number,
+            born_before: born,
+            due_at: next.due_ms,
+        };
+        let names = &self.shared.config.names;
+        let stream = names.cancel_stream();
+        let tombstone = Attempt {
+            tag,
+            destination: Destination::Own(&stream),
+            exchange: ShortString::from(names.cancel_exchange()),
+            routing_key: ShortString::from(""),
+            body: b"",
+            properties: crate::cancel::successors_properties(id, &successors),
+            lane: None,
+        };
+        match self.own_publish(tombstone).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+        let next_copy = Envelope {
+            deliver_at: next.due_ms,
+            hops: 0,
+            occurrence: Some(next.number),
+            born,
+            ..envelope.clone()
+        };
+        let returns = names.returns_queue();
+        let copy = Attempt {
+            tag,
+            destination: Destination::Own(&returns),
+            exchange: ShortString::from(self.shared.work_exchange.as_str()),
+            routing_key: envelope.routing_key.clone(),
+            body,
+            properties: self.signed(consumed_properties(&next_copy), body),
+            lane: None,
+        };
+        let outcome = self.own_publish(copy).await;
+        if matches!(outcome, Outcome::Done) {
+            tracing::debug!(
+                occurrence = next.number,
+                due_in_ms = next.due_ms as i64 - now_ms() as i64,
+                "next occurrence scheduled"
+            );
+        }
+        outcome
+    }
+
+    /// A recurring schedule taken in replaces what its id named before: a tombstone for
+    /// every copy of the id that entered before it, confirmed before its first hop.
+    async fn replace_older(&self, tag: Tag, envelope: &Envelope) -> Outcome {
+        let Some(id) = envelope.properties.message_id.clone() else {
+            return Outcome::Done;
+        };
+        let names = &self.shared.config.names;
+        let stream = names.cancel_stream();
+        let attempt = Attempt {
+            tag,
+            destination: Destination::Own(&stream),
+            exchange: ShortString::from(names.cancel_exchange()),
+            routing_key: ShortString::from(""),
+            body: b"",
+            properties: crate::cancel::tombstone_properties(
+                id,
+                envelope.entered_at.saturating_sub(1),
+                None,
+            ),
+            lane: None,
+        };
+        self.own_publish(attempt).await
+    }
+
+    /// Publishes into the bridge's own topology until settled: done when routed; anything
+    /// refused there is a fault of the topology (a new session).
+    async fn own_publish(&self, attempt: Attempt<'_>) -> Outcome {
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => Outcome::Done,
+            Settled::Park(parked) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
+                "the bridge's own topology refused a publish ({}: {})",
+                parked.reason, parked.detail
+            ))),
             Settled::Release => Outcome::Release,
             Settled::Failed(e) => Outcome::Failed(e),
         }

@@ -32,6 +32,12 @@ pub const PARKED_MESSAGES: &str = "delay_bridge_parked_messages";
 /// Pending messages surely due within `le` seconds (cumulative, `+Inf`: all of them).
 pub const PENDING_DUE: &str = "delay_bridge_pending_due_messages";
 
+/// Occurrences of recurring schedules delivered.
+pub const OCCURRENCES: &str = "delay_bridge_occurrences_delivered_total";
+/// Occurrences of recurring schedules skipped: due while the bridge could not deliver, and
+/// stood for by one late occurrence.
+pub const OCCURRENCES_SKIPPED: &str = "delay_bridge_occurrences_skipped_total";
+
 /// The buckets of [`LATENESS`] and [`READ_LATENESS`], in seconds.
 pub const LATENESS_BUCKETS: [f64; 16] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -49,6 +55,8 @@ pub(crate) struct Instruments {
     pub(crate) lateness: Histogram,
     pub(crate) read_lateness: Histogram,
     pub(crate) hops_per_message: Histogram,
+    occurrences: Counter,
+    occurrences_skipped: Counter,
     /// Each level and its gauge, ascending.
     levels: Vec<(Duration, Gauge)>,
     work_queue: Gauge,
@@ -72,6 +80,16 @@ impl Instruments {
             recorder.describe_counter(KeyName::from_const_str(name), unit, help.into());
         };
         describe(PARKED, None, "Messages parked (confirmed), by reason.");
+        describe(
+            OCCURRENCES,
+            None,
+            "Occurrences of recurring schedules delivered (confirmed by the target).",
+        );
+        describe(
+            OCCURRENCES_SKIPPED,
+            None,
+            "Occurrences of recurring schedules skipped: due while none could be delivered, and stood for by one late occurrence.",
+        );
         recorder.describe_histogram(
             KeyName::from_const_str(LATENESS),
             Some(Unit::Seconds),
@@ -123,6 +141,8 @@ impl Instruments {
             lateness: recorder.register_histogram(&plain(LATENESS), &metadata),
             read_lateness: recorder.register_histogram(&plain(READ_LATENESS), &metadata),
             hops_per_message: recorder.register_histogram(&plain(HOPS_PER_MESSAGE), &metadata),
+            occurrences: recorder.register_counter(&plain(OCCURRENCES), &metadata),
+            occurrences_skipped: recorder.register_counter(&plain(OCCURRENCES_SKIPPED), &metadata),
             levels: config
                 .ladder
                 .levels()
@@ -148,6 +168,12 @@ impl Instruments {
         if let Some(counter) = self.parked.get(&reason) {
             counter.increment(1);
         }
+    }
+
+    /// Counts one delivered occurrence of a recurring schedule, which stood for `skipped`.
+    pub(crate) fn occurrence(&self, skipped: u64) {
+        self.occurrences.increment(1);
+        self.occurrences_skipped.increment(skipped);
     }
 
     /// Sets the depth gauges from one reading.

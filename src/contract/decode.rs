@@ -10,6 +10,7 @@ use super::value::{as_integer, as_text, parse_delay_in, parse_deliver_at_in, par
 use super::{
     Envelope, Incoming, Intake, PERSISTENT, ParkReason, Parked, Properties, Stash, header,
 };
+use crate::recurring::{Occurrence, Recurrence, RecurrenceError};
 
 /// Reads a consumed delivery: a new message from an ingress exchange, or one coming back
 /// from a level through the work exchange.
@@ -42,9 +43,10 @@ pub fn decode(
         Some(value) => parse_published_at(value)
             .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?,
     };
+    let first = first_occurrence(&headers, &raw, deliver_at, now_ms, intake)?;
     let (properties, stash) = split_publisher_properties(raw);
     Ok(Envelope {
-        deliver_at,
+        deliver_at: first.map_or(deliver_at, |o| o.due_ms),
         target: route.target.clone(),
         routing_key: incoming.routing_key.clone(),
         hops: 0,
@@ -52,7 +54,39 @@ pub fn decode(
         entered_at,
         properties,
         stash,
+        occurrence: first.map(|o| o.number),
+        born: 0,
     })
+}
+
+/// The first occurrence of a recurring schedule (`None` for a message that does not
+/// repeat): at the publisher's due time when it gave one, else the rule's first after now.
+/// A schedule the bridge refuses is parked `bad-schedule`.
+fn first_occurrence(
+    headers: &FieldTable,
+    raw: &Properties,
+    deliver_at: u64,
+    now_ms: u64,
+    intake: &Intake<'_>,
+) -> Result<Option<Occurrence>, Parked> {
+    let refused = |e: RecurrenceError| Parked::new(ParkReason::BadSchedule, e.to_string());
+    let has_id = raw
+        .message_id
+        .as_ref()
+        .is_some_and(|id| !id.as_str().is_empty());
+    let Some(recurrence) = Recurrence::from_headers(headers, has_id).map_err(refused)? else {
+        return Ok(None);
+    };
+    recurrence
+        .check(now_ms, intake.smallest_level, intake.max_delay)
+        .map_err(refused)?;
+    let gave_due_time = header::DUE_TIME
+        .iter()
+        .any(|name| headers.inner().contains_key(*name));
+    recurrence
+        .first(gave_due_time.then_some(deliver_at), now_ms)
+        .map(Some)
+        .ok_or_else(|| refused(RecurrenceError::NeverOccurs))
 }
 
 fn decode_in_flight(
@@ -111,6 +145,14 @@ fn decode_in_flight(
         None => first_seen,
         Some(_) => int(header::STATE_ENTERED_AT)?,
     };
+    let occurrence = match get(header::STATE_OCCURRENCE) {
+        None => None,
+        Some(_) => Some(int(header::STATE_OCCURRENCE)?),
+    };
+    let born = match (occurrence, get(header::STATE_BORN)) {
+        (Some(_), Some(_)) => int(header::STATE_BORN)?,
+        _ => 0,
+    };
     Ok(Envelope {
         deliver_at,
         target,
@@ -120,6 +162,8 @@ fn decode_in_flight(
         entered_at,
         properties,
         stash,
+        occurrence,
+        born,
     })
 }
 

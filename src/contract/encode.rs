@@ -39,7 +39,7 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
         .as_ref()
         .map(|h| h.inner().clone())
         .unwrap_or_default();
-    let state: [(&str, Option<AMQPValue>); 11] = [
+    let state: [(&str, Option<AMQPValue>); 13] = [
         (
             header::STATE_DELIVER_AT,
             Some(AMQPValue::LongLongInt(envelope.deliver_at as i64)),
@@ -60,6 +60,18 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
         (
             header::STATE_ENTERED_AT,
             Some(AMQPValue::LongLongInt(envelope.entered_at as i64)),
+        ),
+        (
+            header::STATE_OCCURRENCE,
+            envelope
+                .occurrence
+                .map(|n| AMQPValue::LongLongInt(i64::try_from(n).unwrap_or(i64::MAX))),
+        ),
+        (
+            header::STATE_BORN,
+            envelope
+                .occurrence
+                .map(|_| AMQPValue::LongLongInt(i64::try_from(envelope.born).unwrap_or(i64::MAX))),
         ),
         (
             header::STATE_EXPIRATION,

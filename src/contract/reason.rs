@@ -36,11 +36,15 @@ pub enum ParkReason {
     /// The AMQP client cannot read the message: a short string (a header name, a property,
     /// the routing key) is not UTF-8. Parked with its properties as bytes; not replayable.
     Unreadable,
+    /// A recurring schedule the bridge refuses (`x-repeat-*` headers): two rules, a bad
+    /// interval or cron expression, an unknown time zone, no `message_id`, occurrences
+    /// closer than the smallest level or further apart than `max_delay`, none at all.
+    BadSchedule,
 }
 
 impl ParkReason {
     /// Every reason.
-    pub const ALL: [ParkReason; 14] = [
+    pub const ALL: [ParkReason; 15] = [
         ParkReason::BadDelay,
         ParkReason::BadDeliverAt,
         ParkReason::BadPublishedAt,
@@ -55,6 +59,7 @@ impl ParkReason {
         ParkReason::TooLarge,
         ParkReason::TargetFull,
         ParkReason::Unreadable,
+        ParkReason::BadSchedule,
     ];
 
     /// The stable code written to `delay-bridge-reason`.
@@ -74,6 +79,7 @@ impl ParkReason {
             ParkReason::TooLarge => "too-large",
             ParkReason::TargetFull => "target-full",
             ParkReason::Unreadable => "unreadable",
+            ParkReason::BadSchedule => "bad-schedule",
         }
     }
 }

@@ -26,6 +26,7 @@ fn decode_with(exchange: &str, props: &BasicProperties) -> Result<Envelope, Park
         work_exchange: WORK,
         routes: &routes,
         max_delay: Duration::from_secs(366 * 86_400),
+        smallest_level: Duration::from_secs(1),
     };
     decode(
         Incoming {

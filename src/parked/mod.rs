@@ -19,7 +19,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use filter::{Filter, replay_properties};
-pub use ops::{Action, Outcome, Replay, Report, act, act_at, peek};
+pub use ops::{Action, Outcome, Replay, Report, act, act_at, peek, peek_on};
 
 use crate::contract::{ParkReason, bundle, header};
 

@@ -314,11 +314,29 @@ pub async fn act_at(
 }
 
 /// The first `limit` messages of `config`'s parked queue (at most [`MOST_AT_ONCE`]), and how
-/// many it held in all when the read began, read over a connection of its own
-/// ([`act_at`]). Nothing is removed.
+/// many it held in all when the read began, read over a connection of its own. Nothing is
+/// removed.
 pub async fn peek(config: &Config, limit: u16) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
-    let report = act_at(
-        config,
+    let connection = amqp::connect_wire(config.url(), "delay-bridge parked").await?;
+    let result = peek_on(&connection, config, limit).await;
+    connection.close().await;
+    result
+}
+
+/// [`peek`] on `connection`.
+pub async fn peek_on(
+    connection: &wire::Connection,
+    config: &Config,
+    limit: u16,
+) -> Result<(Vec<ParkedMessage>, u64), ParkedError> {
+    let replay = Replay {
+        confirm_timeout: config.confirm_timeout,
+        state_keys: config.state_keys.as_ref(),
+    };
+    let report = act(
+        connection,
+        replay,
+        &config.names,
         Action::List,
         &Filter::default(),
         usize::from(limit),

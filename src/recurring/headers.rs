@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 use croner::Cron;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::{Recurrence, RecurrenceError, Rule};
+use super::{Delivering, Occurrence, Recurrence, RecurrenceError, Rule};
 use crate::contract::value::{as_integer, as_text, parse_deliver_at_in};
 
 /// Header names of recurring schedules.
@@ -81,6 +82,37 @@ impl Recurrence {
             count,
         }))
     }
+}
+
+/// `properties` of a delivered `occurrence` with its number and due time, and, when it
+/// stands for later ones ([`Delivering::late`]), that it is late and how many it skipped.
+pub fn with_occurrence(
+    properties: BasicProperties,
+    occurrence: Occurrence,
+    delivering: &Delivering,
+) -> BasicProperties {
+    let mut table = properties
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    let int = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
+    table.insert(
+        ShortString::from(header::OCCURRENCE),
+        int(occurrence.number),
+    );
+    table.insert(
+        ShortString::from(header::OCCURRENCE_DUE),
+        int(occurrence.due_ms),
+    );
+    if delivering.late() {
+        table.insert(
+            ShortString::from(header::OCCURRENCE_LATE),
+            AMQPValue::Boolean(true),
+        );
+        table.insert(ShortString::from(header::SKIPPED), int(delivering.skipped));
+    }
+    properties.with_headers(FieldTable::from(table))
 }
 
 /// `x-repeat-every`: a duration, optionally after `@every `, or whole milliseconds.

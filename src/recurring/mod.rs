@@ -14,7 +14,7 @@
 mod headers;
 mod rule;
 
-pub use headers::header;
+pub use headers::{header, with_occurrence};
 pub use rule::Rule;
 
 use std::time::Duration;

@@ -282,6 +282,7 @@ impl Carrier {
                             read_at,
                             waits_here,
                             lane: Some(lane),
+                            taken_in: false,
                         })
                     }
                     Err(parked) => Err(Box::new(Undecodable {
