@@ -82,6 +82,72 @@ async fn occurrences_in_order_to_the_count(setup: Setup<'_>) {
     w.cleanup().await;
 }
 
+/// The bridge is stopped for ten periods and more: when it starts again, one overdue
+/// occurrence is delivered, marked late with how many were skipped, and the schedule goes
+/// on from then, on time: no storm of the missed ones.
+#[tokio::test]
+async fn after_an_outage_one_late_occurrence_stands_for_the_missed_ones() {
+    const PERIOD_MS: u64 = 300;
+    let mut w = World::start(Setup::new("recurring-outage")).await;
+    w.publish(
+        "rk.outage",
+        b"beat",
+        schedule("beat", vec![(header::EVERY, text("300ms"))]),
+    )
+    .await;
+    let before = w.recv_within(10 * SEC).await;
+    let last_number = integer(&before, header::OCCURRENCE);
+    w.stop_bridge().await;
+    let stopped_at = delay_bridge::clock::now_ms();
+    // Ten periods and more without a bridge (a wall-clock outage, not a wait on an event).
+    tokio::time::sleep(Duration::from_millis(12 * PERIOD_MS)).await;
+    let outage_ms = delay_bridge::clock::now_ms() - stopped_at;
+    w.start_bridge().await;
+    let mut late = None;
+    let mut after = Vec::new();
+    while after.len() < 4 {
+        let got = w.recv_within(20 * SEC).await;
+        let number = integer(&got, header::OCCURRENCE);
+        if number <= last_number + 1 && got.header(header::OCCURRENCE_LATE).is_none() {
+            // Due before the stop, delivered at it: not the late one.
+            continue;
+        }
+        match got.header(header::OCCURRENCE_LATE) {
+            Some(AMQPValue::Boolean(true)) => {
+                assert!(late.is_none(), "a second late occurrence: {number}");
+                late = Some((number, integer(&got, header::SKIPPED)));
+            }
+            other => {
+                assert!(
+                    late.is_some(),
+                    "occurrence {number} before the late one ({other:?})"
+                );
+                after.push(number);
+            }
+        }
+    }
+    let (late_number, skipped) = late.expect("one late occurrence");
+    println!(
+        "outage {outage_ms} ms: occurrence {late_number} late, {skipped} skipped; then {after:?}"
+    );
+    assert!(
+        skipped >= outage_ms / PERIOD_MS - 2,
+        "{skipped} skipped in {outage_ms} ms"
+    );
+    assert_eq!(
+        after[0],
+        late_number + skipped + 1,
+        "the schedule goes on after the skipped ones"
+    );
+    for pair in after.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1);
+    }
+    let client = w.client().await;
+    client.cancel("beat").await.expect("cancelled");
+    client.close().await.expect("closed");
+    w.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_cancelled_schedule_never_comes_back() {
     let mut w = World::start(Setup::new("recurring-cancel")).await;
