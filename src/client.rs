@@ -47,6 +47,11 @@ use crate::contract::beyond_max_delay;
 use crate::contract::header;
 use crate::ladder::format_duration;
 use crate::naming::Names;
+use crate::recurring::RecurrenceError;
+
+mod recurring;
+
+pub use recurring::Repeat;
 
 /// Why a client call failed.
 #[derive(Debug, Error)]
@@ -171,6 +176,10 @@ pub enum ClientError {
         /// The broker's words.
         detail: String,
     },
+    /// A recurring schedule the bridges would refuse (park `bad-schedule`): a bad cron
+    /// expression, an unknown time zone, a zero interval, a count of 0, no occurrence.
+    #[error(transparent)]
+    BadSchedule(#[from] RecurrenceError),
     /// Any other broker or connection error.
     #[error("{what}: {source}")]
     Broker {

@@ -295,3 +295,58 @@ async fn a_lost_session_doubles_at_most_one_occurrence_and_never_the_schedule() 
     client.close().await.expect("closed");
     w.cleanup().await;
 }
+
+/// The typed client: `schedule_every` to a count, and what it refuses before publishing.
+#[tokio::test]
+async fn the_typed_client_schedules_every_and_cron_and_refuses_what_bridges_would() {
+    use delay_bridge::client::{ClientError, Message, Repeat};
+    let mut w = World::start(Setup::new("recurring-client")).await;
+    let client = w.client().await;
+    let ingress = w.ingress.clone();
+    let message =
+        |id: &str| Message::new(ingress.as_str(), "rk.client", b"c".to_vec()).with_message_id(id);
+    let twice = Repeat {
+        count: Some(2),
+        ..Repeat::default()
+    };
+    client
+        .schedule_every(message("every"), Duration::from_millis(400), twice)
+        .await
+        .expect("scheduled");
+    for number in 1..=2 {
+        assert_eq!(
+            integer(&w.recv_within(10 * SEC).await, header::OCCURRENCE),
+            number
+        );
+    }
+    w.assert_quiet(SEC).await;
+    let refused = client
+        .schedule_cron(
+            message("cron"),
+            "0 8 * * *",
+            "Mars/Olympus_Mons",
+            Repeat::default(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(ClientError::BadSchedule(_))),
+        "{refused:?}"
+    );
+    let refused = client
+        .schedule_cron(message("cron"), "not cron", "UTC", Repeat::default())
+        .await;
+    assert!(
+        matches!(refused, Err(ClientError::BadSchedule(_))),
+        "{refused:?}"
+    );
+    let no_id = Message::new(ingress.as_str(), "rk.client", b"c".to_vec());
+    let refused = client
+        .schedule_every(no_id, Duration::from_secs(1), Repeat::default())
+        .await;
+    assert!(
+        matches!(refused, Err(ClientError::NoMessageId)),
+        "{refused:?}"
+    );
+    client.close().await.expect("closed");
+    w.cleanup().await;
+}
