@@ -350,3 +350,42 @@ async fn the_typed_client_schedules_every_and_cron_and_refuses_what_bridges_woul
     client.close().await.expect("closed");
     w.cleanup().await;
 }
+
+/// `delay-bridge schedule --every` and `--cron --tz`, each to a count.
+#[tokio::test]
+async fn the_cli_schedules_every_and_cron() {
+    let mut w = World::start(Setup::new("recurring-cli")).await;
+    let config = w.config_file(100);
+    for args in [
+        vec!["--every", "500ms"],
+        vec!["--cron", "* * * * * *", "--tz", "Europe/Berlin"],
+    ] {
+        let mut command = config.command(&bridge_exe());
+        command
+            .args([
+                "schedule",
+                "--message-id",
+                "cli-tick",
+                "-k",
+                "rk.cli",
+                "-b",
+                "tick",
+            ])
+            .args(&args)
+            .args(["--count", "2"]);
+        let out = command.output().await.expect("the command ran");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("first occurrence"),
+            "{args:?}: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for number in 1..=2 {
+            let got = w.recv_within(10 * SEC).await;
+            assert_eq!(got.body, b"tick");
+            assert_eq!(integer(&got, header::OCCURRENCE), number, "{args:?}");
+        }
+        w.assert_quiet(1500 * Duration::from_millis(1)).await;
+    }
+    w.cleanup().await;
+}

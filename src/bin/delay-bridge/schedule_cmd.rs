@@ -7,7 +7,7 @@ use clap::Args;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-use delay_bridge::client::{Cancelled, Client, Message, Scheduled, When};
+use delay_bridge::client::{Cancelled, Client, Message, Repeat, Scheduled, When};
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -22,11 +22,28 @@ pub struct ScheduleArgs {
     #[arg(long, short, default_value = "")]
     body: String,
     /// Deliver after this delay: 90s, 30m, 2h30m, ...
-    #[arg(long, conflicts_with = "at", required_unless_present = "at", value_parser = parse_duration)]
+    #[arg(long, conflicts_with = "at", required_unless_present_any = ["at", "every", "cron"], value_parser = parse_duration)]
     delay: Option<Duration>,
     /// Deliver at this instant, RFC 3339 (2026-12-24T08:00:00Z).
     #[arg(long)]
     at: Option<String>,
+    /// Repeat every interval (5m, 1h30m), the first occurrence one interval from now; needs
+    /// --message-id, the schedule's id (cancel it by that id).
+    #[arg(long, value_parser = parse_duration, conflicts_with_all = ["delay", "at", "cron"])]
+    every: Option<Duration>,
+    /// Repeat whenever this cron expression matches ("0 8 * * 1-5"), read in --tz; needs
+    /// --message-id.
+    #[arg(long, conflicts_with_all = ["delay", "at"])]
+    cron: Option<String>,
+    /// The IANA time zone of --cron (Europe/Berlin); UTC when not given.
+    #[arg(long)]
+    tz: Option<String>,
+    /// A recurring schedule's last possible occurrence, RFC 3339 or epoch ms.
+    #[arg(long)]
+    until: Option<String>,
+    /// A recurring schedule's number of occurrences.
+    #[arg(long)]
+    count: Option<u64>,
     /// The ingress exchange to publish to; default: the first route's.
     #[arg(long, short)]
     exchange: Option<String>,
@@ -54,6 +71,11 @@ fn parse_instant(text: &str) -> Result<std::time::SystemTime> {
 }
 
 impl ScheduleArgs {
+    /// The time zone of `--cron`.
+    fn zone(&self) -> &str {
+        self.tz.as_deref().unwrap_or("UTC")
+    }
+
     fn when(&self) -> Result<When> {
         if let Some(at) = &self.at {
             let t = chrono::DateTime::parse_from_rfc3339(at)
@@ -123,10 +145,40 @@ fn describe_cancel(c: &Cancelled) -> String {
 /// `delay-bridge schedule`
 pub async fn schedule(config: &Config, args: &ScheduleArgs, id: Option<&str>) -> Result<()> {
     let client = client(config).await?;
-    let scheduled = client
-        .schedule(args.message(config, id)?, args.when()?)
-        .await?;
-    println!("scheduled {}", describe(&scheduled));
+    let message = args.message(config, id)?;
+    let recurring = args.every.is_some() || args.cron.is_some();
+    if args.cron.is_none() && args.tz.is_some() {
+        bail!("--tz is the time zone of --cron: give --cron too");
+    }
+    if !recurring && (args.until.is_some() || args.count.is_some()) {
+        bail!("--until and --count end a recurring schedule: give --every or --cron too");
+    }
+    if recurring && id.is_none() {
+        bail!("a recurring schedule needs --message-id: it is the schedule's id, to cancel it by");
+    }
+    let repeat = Repeat {
+        until: args.until.as_deref().map(parse_instant).transpose()?,
+        count: args.count,
+    };
+    let scheduled = match (args.every, &args.cron) {
+        (Some(every), _) => client.schedule_every(message, every, repeat).await?,
+        (None, Some(cron)) => {
+            client
+                .schedule_cron(message, cron, args.zone(), repeat)
+                .await?
+        }
+        (None, None) => client.schedule(message, args.when()?).await?,
+    };
+    let what = match (args.every, &args.cron) {
+        (Some(every), _) => format!(" every {}", format_duration(every)),
+        (None, Some(cron)) => format!(" on {cron:?} in {}", args.zone()),
+        (None, None) => String::new(),
+    };
+    println!(
+        "scheduled{what} {}{}",
+        describe(&scheduled),
+        if recurring { " (first occurrence)" } else { "" }
+    );
     client.close().await?;
     Ok(())
 }
@@ -146,6 +198,11 @@ pub async fn cancel(config: &Config, id: &str, due: Option<&str>) -> Result<()> 
 
 /// `delay-bridge reschedule`
 pub async fn reschedule(config: &Config, id: &str, args: &ScheduleArgs) -> Result<()> {
+    if args.every.is_some() || args.cron.is_some() {
+        bail!(
+            "a recurring schedule is replaced by scheduling it again under its id: use `schedule --message-id {id}`"
+        );
+    }
     let client = client(config).await?;
     let scheduled = client
         .reschedule(args.message(config, Some(id))?, args.when()?)
