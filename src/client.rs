@@ -241,6 +241,15 @@ impl Message {
         self
     }
 
+    /// A copy of its headers, to change.
+    fn headers(&self) -> std::collections::BTreeMap<ShortString, AMQPValue> {
+        self.properties
+            .headers()
+            .as_ref()
+            .map(|h| h.inner().clone())
+            .unwrap_or_default()
+    }
+
     /// The `message_id`, if set.
     pub fn message_id(&self) -> Option<&str> {
         self.id
@@ -481,12 +490,7 @@ impl Client {
                 )
             }
         };
-        let mut headers = message
-            .properties
-            .headers()
-            .as_ref()
-            .map(|h| h.inner().clone())
-            .unwrap_or_default();
+        let mut headers = message.headers();
         headers.remove(header::DELAY);
         headers.remove(header::DELIVER_AT);
         headers.insert(ShortString::from(name), value);

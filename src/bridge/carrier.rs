@@ -159,6 +159,20 @@ impl<'a> Attempt<'a> {
             lane: None,
         }
     }
+
+    /// An entry for the cancel stream (a tombstone), in place of the delivery `tag`,
+    /// through the cancel exchange `exchange`.
+    fn stream_entry(tag: Tag, exchange: &str, properties: lapin::BasicProperties) -> Self {
+        Self {
+            tag,
+            destination: Destination::Own("the cancel stream"),
+            exchange: ShortString::from(exchange),
+            routing_key: ShortString::from(""),
+            body: b"",
+            properties,
+            lane: None,
+        }
+    }
 }
 
 /// How the broker settled a publish.
@@ -757,16 +771,11 @@ impl Carrier {
             due_at: next.due_ms,
         };
         let names = &self.shared.config.names;
-        let stream = names.cancel_stream();
-        let tombstone = Attempt {
+        let tombstone = Attempt::stream_entry(
             tag,
-            destination: Destination::Own(&stream),
-            exchange: ShortString::from(names.cancel_exchange()),
-            routing_key: ShortString::from(""),
-            body: b"",
-            properties: crate::cancel::successors_properties(id, &successors),
-            lane: None,
-        };
+            &names.cancel_exchange(),
+            crate::cancel::successors_properties(id, &successors),
+        );
         match self.own_publish(tombstone).await {
             Outcome::Done => {}
             other => return other,
@@ -805,21 +814,11 @@ impl Carrier {
         let Some(id) = envelope.properties.message_id.clone() else {
             return Outcome::Done;
         };
-        let names = &self.shared.config.names;
-        let stream = names.cancel_stream();
-        let attempt = Attempt {
+        let attempt = Attempt::stream_entry(
             tag,
-            destination: Destination::Own(&stream),
-            exchange: ShortString::from(names.cancel_exchange()),
-            routing_key: ShortString::from(""),
-            body: b"",
-            properties: crate::cancel::tombstone_properties(
-                id,
-                envelope.entered_at.saturating_sub(1),
-                None,
-            ),
-            lane: None,
-        };
+            &self.shared.config.names.cancel_exchange(),
+            crate::cancel::tombstone_properties(id, envelope.entered_at.saturating_sub(1), None),
+        );
         self.own_publish(attempt).await
     }
 

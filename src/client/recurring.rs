@@ -67,12 +67,7 @@ impl Client {
         if message.message_id().is_none() {
             return Err(ClientError::NoMessageId);
         }
-        let mut headers = message
-            .properties
-            .headers()
-            .as_ref()
-            .map(|h| h.inner().clone())
-            .unwrap_or_default();
+        let mut headers = message.headers();
         for (name, value) in rule {
             headers.insert(ShortString::from(name), value);
         }

@@ -15,23 +15,8 @@ const SEC: Duration = Duration::from_secs(1);
 /// How many connections the broker lists whose name begins `delay-bridge <prefix>` (the
 /// bridge's three are `delay-bridge <prefix>`, `... consumer` and `... publisher`).
 fn bridge_connections(prefix: &str) -> usize {
-    let out = rabbitmqctl()
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "client_properties",
-        ])
-        .output()
-        .expect("rabbitmqctl lists the connections");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl list_connections: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // rabbitmqctl prints the property as `{"connection_name","<name>"}`.
     let named = format!("\"delay-bridge {prefix}");
-    String::from_utf8_lossy(&out.stdout)
+    listed_connections()
         .lines()
         .filter(|line| line.contains(&named))
         .count()
@@ -87,13 +72,11 @@ async fn a_bridge_holds_three_connections_and_never_opens_a_fourth() {
     w.publish("unbound.key", b"unroutable", with_delay(300))
         .await;
     assert_eq!(w.parked_within(10 * SEC).await.body, b"unroutable");
-    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
-    properties.extend(crate::support::raw::headers_named(300, &[0xff, 0xfe]));
-    crate::support::raw::publish_raw_properties(
+    crate::support::raw::publish_with_header_named(
         &broker_url(),
         &w.ingress,
-        b"rk.bad",
-        &properties,
+        300,
+        &[0xff, 0xfe],
         b"unreadable",
     )
     .await;

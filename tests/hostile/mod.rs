@@ -156,13 +156,11 @@ async fn an_unreadable_delivery_amid_a_stream_costs_no_session_and_no_message() 
         }
     };
     publish_batch(0).await;
-    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
-    properties.extend(crate::support::raw::headers_named(800, &[0xc0, 0x80]));
-    crate::support::raw::publish_raw_properties(
+    crate::support::raw::publish_with_header_named(
         &broker_url(),
         &w.ingress,
-        b"rk.bad",
-        &properties,
+        800,
+        &[0xc0, 0x80],
         b"unreadable",
     )
     .await;

@@ -617,7 +617,9 @@ pub fn close_connections_named_exactly(name: &str) -> usize {
     close_connections_where(|properties| properties.contains(&quoted))
 }
 
-fn close_connections_where(matches: impl Fn(&str) -> bool) -> usize {
+/// The broker's connections, one line each: its pid, then its client properties (where
+/// rabbitmqctl prints the name as `{"connection_name","<name>"}`).
+pub fn listed_connections() -> String {
     let out = rabbitmqctl()
         .args([
             "list_connections",
@@ -627,14 +629,18 @@ fn close_connections_where(matches: impl Fn(&str) -> bool) -> usize {
             "client_properties",
         ])
         .output()
-        .expect("rabbitmqctl is needed for the connection-loss test");
+        .expect("rabbitmqctl lists the connections");
     assert!(
         out.status.success(),
         "rabbitmqctl list_connections: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn close_connections_where(matches: impl Fn(&str) -> bool) -> usize {
     let mut closed = 0;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in listed_connections().lines() {
         if !matches(line) {
             continue;
         }

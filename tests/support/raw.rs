@@ -157,6 +157,22 @@ pub fn message_id_properties(delay_ms: i64, message_id: &[u8]) -> Vec<u8> {
 
 /// Publishes one message with `properties` (the property flags, then the encoded
 /// properties) and a routing key of any bytes, and waits for its confirm.
+/// Publishes `body` to `exchange` with routing key `rk.bad` and one header, named
+/// `name` (bytes that need not be UTF-8), beside an `x-delay` of `delay_ms`: a message the
+/// AMQP client cannot read.
+pub async fn publish_with_header_named(
+    url: &str,
+    exchange: &str,
+    delay_ms: i64,
+    name: &[u8],
+    body: &[u8],
+) {
+    // The property flags: headers only.
+    let mut properties = (1u16 << 13).to_be_bytes().to_vec();
+    properties.extend(headers_named(delay_ms, name));
+    publish_raw_properties(url, exchange, b"rk.bad", &properties, body).await;
+}
+
 pub async fn publish_raw_properties(
     url: &str,
     exchange: &str,

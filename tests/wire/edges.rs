@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
 use amq_protocol::protocol::{AMQPClass, basic, channel, confirm, connection};
-use delay_bridge::amqp::wire::{Channel, Connection, WireError};
+use delay_bridge::amqp::wire::{Channel, Connection, Consumer, WireError};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
@@ -79,6 +79,64 @@ async fn next_method(peer: &mut Peer) -> (u16, AMQPClass) {
     tokio::time::timeout(WITHIN, peer.method_on())
         .await
         .expect("the client sent a method in time")
+}
+
+/// A consumer of `q` tagged `tag` on `channel`, the fake broker answering its
+/// `basic.consume`.
+async fn consumer(channel: &Channel, peer: &mut Peer, tag: &str) -> Consumer {
+    let consuming = tokio::spawn({
+        let (channel, tag) = (channel.clone(), tag.to_string());
+        async move { channel.consume("q", &tag, FieldTable::default()).await }
+    });
+    let (id, method) = next_method(peer).await;
+    assert!(matches!(
+        method,
+        AMQPClass::Basic(basic::AMQPMethod::Consume(_))
+    ));
+    peer.send_on(
+        id,
+        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+            consumer_tag: tag.into(),
+        })),
+    )
+    .await;
+    answered(consuming).await.expect("a consumer")
+}
+
+/// Delivers to the consumer `tag` on `channel` a message whose content header announces
+/// `body_size` bytes, then `parts` as its body frames.
+async fn deliver(
+    peer: &mut Peer,
+    channel: u16,
+    tag: &str,
+    body_size: usize,
+    properties: BasicProperties,
+    parts: &[&[u8]],
+) {
+    peer.send_on(
+        channel,
+        AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
+            consumer_tag: tag.into(),
+            delivery_tag: 1,
+            redelivered: false,
+            exchange: "".into(),
+            routing_key: "q".into(),
+        })),
+    )
+    .await;
+    peer.send_frame(AMQPFrame::Header(
+        channel,
+        AMQPContentHeader {
+            class_id: 60,
+            body_size: body_size as u64,
+            properties,
+        },
+    ))
+    .await;
+    for part in parts {
+        peer.send_frame(AMQPFrame::Body(channel, part.to_vec()))
+            .await;
+    }
 }
 
 /// A caller that drops `open_channel` before the broker's `open-ok` leaves no channel open
@@ -181,19 +239,8 @@ async fn a_dropped_consume_cancels_the_consumer_the_broker_started() {
 async fn a_dropped_cancel_ends_its_consumer() {
     let (connection, mut peer) = fake(131_072).await;
     let channel = open_channel(&connection, &mut peer).await;
-    let consuming = tokio::spawn({
-        let channel = channel.clone();
-        async move { channel.consume("q", "ending", FieldTable::default()).await }
-    });
-    let (id, _) = next_method(&mut peer).await;
-    peer.send_on(
-        id,
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-            consumer_tag: "ending".into(),
-        })),
-    )
-    .await;
-    let mut consumer = answered(consuming).await.expect("a consumer");
+    let id = channel.id();
+    let mut consumer = consumer(&channel, &mut peer, "ending").await;
     let cancelling = tokio::spawn({
         let (channel, tag) = (channel.clone(), consumer.tag().clone());
         async move { channel.cancel(&tag).await }
@@ -227,23 +274,7 @@ async fn a_connection_the_broker_closes_mid_publish_answers_every_waiter() {
     let (connection, mut peer) = fake(131_072).await;
     let publishing = confirm_channel(&connection, &mut peer).await;
     let consuming = open_channel(&connection, &mut peer).await;
-    let starting = tokio::spawn({
-        let channel = consuming.clone();
-        async move { channel.consume("q", "waiting", FieldTable::default()).await }
-    });
-    let (consume_on, method) = next_method(&mut peer).await;
-    assert!(matches!(
-        method,
-        AMQPClass::Basic(basic::AMQPMethod::Consume(_))
-    ));
-    peer.send_on(
-        consume_on,
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-            consumer_tag: "waiting".into(),
-        })),
-    )
-    .await;
-    let mut consumer = answered(starting).await.expect("a consumer");
+    let mut consumer = consumer(&consuming, &mut peer, "waiting").await;
     let calling = tokio::spawn({
         let channel = consuming.clone();
         async move { channel.qos(1).await }
@@ -363,46 +394,17 @@ async fn at_a_small_frame_max_bodies_are_split_and_joined_and_an_oversized_heade
     assert_eq!(sent, body);
 
     // And the other way: a delivery in frames of frame_max comes out whole.
-    let consuming = tokio::spawn({
-        let channel = channel.clone();
-        async move {
-            channel
-                .consume("q", "small-frames", FieldTable::default())
-                .await
-        }
-    });
-    let (id, _) = next_method(&mut peer).await;
-    peer.send_on(
-        id,
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-            consumer_tag: "small-frames".into(),
-        })),
+    let mut consumer = consumer(&channel, &mut peer, "small-frames").await;
+    let parts: Vec<&[u8]> = body.chunks(FRAME_MAX - 8).collect();
+    deliver(
+        &mut peer,
+        channel.id(),
+        "small-frames",
+        body.len(),
+        properties_of_size(false),
+        &parts,
     )
     .await;
-    let mut consumer = answered(consuming).await.expect("a consumer");
-    peer.send_on(
-        id,
-        AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
-            consumer_tag: "small-frames".into(),
-            delivery_tag: 1,
-            redelivered: false,
-            exchange: "".into(),
-            routing_key: "q".into(),
-        })),
-    )
-    .await;
-    peer.send_frame(AMQPFrame::Header(
-        id,
-        AMQPContentHeader {
-            class_id: 60,
-            body_size: body.len() as u64,
-            properties: properties_of_size(false),
-        },
-    ))
-    .await;
-    for part in body.chunks(FRAME_MAX - 8) {
-        peer.send_frame(AMQPFrame::Body(id, part.to_vec())).await;
-    }
     let delivery = tokio::time::timeout(WITHIN, consumer.next())
         .await
         .expect("delivered in time")
@@ -457,41 +459,16 @@ async fn a_frame_over_frame_max_fails_the_connection_at_its_header() {
 async fn a_body_longer_than_its_header_said_fails_the_connection() {
     let (connection, mut peer) = fake(131_072).await;
     let channel = open_channel(&connection, &mut peer).await;
-    let consuming = tokio::spawn({
-        let channel = channel.clone();
-        async move { channel.consume("q", "lied-to", FieldTable::default()).await }
-    });
-    let (id, _) = next_method(&mut peer).await;
-    peer.send_on(
-        id,
-        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-            consumer_tag: "lied-to".into(),
-        })),
+    let mut consumer = consumer(&channel, &mut peer, "lied-to").await;
+    deliver(
+        &mut peer,
+        channel.id(),
+        "lied-to",
+        3,
+        BasicProperties::default(),
+        &[b"five!"],
     )
     .await;
-    let mut consumer = answered(consuming).await.expect("a consumer");
-    peer.send_on(
-        id,
-        AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
-            consumer_tag: "lied-to".into(),
-            delivery_tag: 1,
-            redelivered: false,
-            exchange: "".into(),
-            routing_key: "q".into(),
-        })),
-    )
-    .await;
-    peer.send_frame(AMQPFrame::Header(
-        id,
-        AMQPContentHeader {
-            class_id: 60,
-            body_size: 3,
-            properties: BasicProperties::default(),
-        },
-    ))
-    .await;
-    peer.send_frame(AMQPFrame::Body(id, b"five!".to_vec()))
-        .await;
     let failed = failure(&connection).await;
     assert!(failed.to_string().contains("announced"), "{failed}");
     let next = tokio::time::timeout(WITHIN, consumer.next())

@@ -173,20 +173,7 @@ impl Peer {
     /// The next frame the client sent, whatever its type: its type, channel and payload
     /// (heartbeats skipped).
     pub async fn frame(&mut self) -> (u8, u16, Vec<u8>) {
-        loop {
-            let mut head = [0u8; 7];
-            self.socket.read_exact(&mut head).await.expect("a frame");
-            let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
-            let mut payload = vec![0u8; size + 1];
-            self.socket
-                .read_exact(&mut payload)
-                .await
-                .expect("its payload");
-            assert_eq!(payload.pop(), Some(FRAME_END));
-            if head[0] != FRAME_HEARTBEAT {
-                return (head[0], u16::from_be_bytes([head[1], head[2]]), payload);
-            }
-        }
+        self.next_frame().await.expect("a frame")
     }
 
     /// Sends `frame` as the codec writes it.
@@ -206,6 +193,17 @@ impl Peer {
     /// skipped); `None` once the client closed the socket.
     async fn next_method_on(&mut self) -> Option<(u16, AMQPClass)> {
         loop {
+            let (kind, channel, payload) = self.next_frame().await?;
+            if kind == FRAME_METHOD {
+                return Some((channel, parse_class(&payload[..]).expect("a method").1));
+            }
+        }
+    }
+
+    /// The next frame the client sent, heartbeats skipped: its type, channel and payload;
+    /// `None` once the client closed the socket.
+    async fn next_frame(&mut self) -> Option<(u8, u16, Vec<u8>)> {
+        loop {
             let mut head = [0u8; 7];
             self.socket.read_exact(&mut head).await.ok()?;
             let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
@@ -215,9 +213,8 @@ impl Peer {
                 .await
                 .expect("its payload");
             assert_eq!(payload.pop(), Some(FRAME_END));
-            if head[0] == FRAME_METHOD {
-                let channel = u16::from_be_bytes([head[1], head[2]]);
-                return Some((channel, parse_class(&payload[..]).expect("a method").1));
+            if head[0] != FRAME_HEARTBEAT {
+                return Some((head[0], u16::from_be_bytes([head[1], head[2]]), payload));
             }
         }
     }
