@@ -389,3 +389,51 @@ async fn the_cli_schedules_every_and_cron() {
     }
     w.cleanup().await;
 }
+
+/// A bridge process killed (SIGKILL) right after an occurrence arrived, twice, and started
+/// again: each crash delivers again at most the one occurrence it interrupted, and after
+/// them every occurrence comes once, in order.
+#[tokio::test]
+async fn a_crash_doubles_at_most_one_occurrence_and_never_the_schedule() {
+    let mut w = World::without_bridge("recurring-crash").await;
+    let config = w.config_file(1_000);
+    let mut bridge = spawn_process(&config);
+    wait_for_consumers(&w, 1, 20 * SEC).await;
+    w.publish(
+        "rk.crash",
+        b"crash",
+        schedule("crash", vec![(header::EVERY, text("300ms"))]),
+    )
+    .await;
+    let mut seen: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut record = |got: &Received| {
+        *seen.entry(integer(got, header::OCCURRENCE)).or_default() += 1;
+    };
+    for _ in 0..2 {
+        for _ in 0..4 {
+            record(&w.recv_within(20 * SEC).await);
+        }
+        bridge.kill9().await;
+        bridge = spawn_process(&config);
+        wait_for_consumers(&w, 1, 20 * SEC).await;
+    }
+    let mut after = Vec::new();
+    while after.len() < 10 {
+        let got = w.recv_within(20 * SEC).await;
+        record(&got);
+        after.push(integer(&got, header::OCCURRENCE));
+    }
+    for pair in after[after.len() - 6..].windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "one chain of occurrences: {after:?}");
+    }
+    let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    println!("crashes: doubled {doubled:?} of {seen:?}");
+    assert!(doubled.len() <= 2, "doubled: {doubled:?} of {seen:?}");
+    assert!(seen.values().all(|n| *n <= 2), "{seen:?}");
+    let client = w.client().await;
+    client.cancel("crash").await.expect("cancelled");
+    client.close().await.expect("closed");
+    let status = bridge.terminate(20 * SEC).await.expect("it stops");
+    assert!(status.success(), "exit status {status:?}");
+    w.cleanup().await;
+}
