@@ -341,6 +341,28 @@ fn the_31st_runs_in_months_that_have_one_and_the_last_day_in_every_month() {
     assert_eq!(days, vec![(1, 31), (2, 29), (3, 31)]);
 }
 
+/// A midnight that a change skips (Santiago moved from 24:00 to 01:00 on 8 September
+/// 2024): a schedule at midnight runs at 01:00 that day, once. (The property test below
+/// found this case for its own assertion, which compared the wall time alone.)
+#[test]
+fn a_midnight_that_daylight_saving_skips_runs_at_the_end_of_the_gap() {
+    let zone = Tz::America__Santiago;
+    let schedule = cron("0 0 * * *", zone.name());
+    let found = occurrences(&schedule.rule, utc(2024, 9, 6, 12, 0), 3);
+    let days: Vec<String> = found
+        .iter()
+        .map(|ms| local(*ms, zone).format("%Y-%m-%d %H:%M %z").to_string())
+        .collect();
+    assert_eq!(
+        days,
+        vec![
+            "2024-09-07 00:00 -0400",
+            "2024-09-08 01:00 -0300",
+            "2024-09-09 00:00 -0300"
+        ]
+    );
+}
+
 /// Zones with daylight saving changes of an hour (both hemispheres) and of half an hour.
 const ZONES: [Tz; 5] = [
     Tz::Europe__Berlin,
@@ -377,9 +399,17 @@ proptest! {
                 chrono::LocalResult::Single(exact) => prop_assert_eq!(at, exact),
                 chrono::LocalResult::Ambiguous(first, _) => prop_assert_eq!(at, first),
                 chrono::LocalResult::None => {
-                    // In the gap: the first instant after it.
+                    // In the gap: the first instant after it (a second before, the wall
+                    // clock is before the wanted time, on that day or, for a gap at
+                    // midnight, the day before).
+                    let wanted_at = at.date_naive().and_time(wanted);
                     let before = local(ms - 1_000, zone);
-                    prop_assert!(at.time() > wanted && before.time() < wanted, "{} (before: {})", at, before);
+                    prop_assert!(
+                        at.naive_local() > wanted_at && before.naive_local() < wanted_at,
+                        "{} (before: {})",
+                        at,
+                        before
+                    );
                 }
             }
         }
