@@ -147,7 +147,8 @@ impl Recurrence {
         smallest_level: Duration,
         max_delay: Duration,
     ) -> Result<(), RecurrenceError> {
-        let Some(gap) = self.rule.shortest_gap(now_ms, GAP_SAMPLES) else {
+        let gaps = self.rule.gaps(now_ms, GAP_SAMPLES);
+        let (Some(&gap), Some(&longest)) = (gaps.iter().min(), gaps.iter().max()) else {
             // One occurrence at most: fine if it ends there, else it never comes back.
             return match self.count {
                 Some(1) => Ok(()),
@@ -160,7 +161,6 @@ impl Recurrence {
                 smallest: smallest_level,
             });
         }
-        let longest = self.longest_gap(now_ms);
         if longest > max_delay {
             return Err(RecurrenceError::TooRare {
                 gap: longest,
@@ -168,25 +168,6 @@ impl Recurrence {
             });
         }
         Ok(())
-    }
-
-    /// The longest time between two of the next occurrences after `now_ms`.
-    fn longest_gap(&self, now_ms: u64) -> Duration {
-        if let Rule::Every(period) = &self.rule {
-            return *period;
-        }
-        let mut longest = Duration::ZERO;
-        let mut at = now_ms;
-        for _ in 0..GAP_SAMPLES {
-            let Some(next) = self.rule.next_after(at) else {
-                break;
-            };
-            if at != now_ms {
-                longest = longest.max(Duration::from_millis(next - at));
-            }
-            at = next;
-        }
-        longest
     }
 
     /// The first occurrence of a schedule taken in at `now_ms`: at `first_due_ms` when the

@@ -68,11 +68,11 @@ impl Rule {
         }
     }
 
-    /// The shortest time between two of the next `samples` occurrences after `after_ms`
-    /// (the period itself for an interval); `None` when fewer than two occur.
-    pub fn shortest_gap(&self, after_ms: u64, samples: usize) -> Option<Duration> {
+    /// The times between the next `samples` occurrences after `after_ms`, in order (the
+    /// period once for an interval); empty when fewer than two occur.
+    pub fn gaps(&self, after_ms: u64, samples: usize) -> Vec<Duration> {
         if let Rule::Every(period) = self {
-            return Some(*period);
+            return vec![*period];
         }
         let mut occurrences = Vec::with_capacity(samples);
         let mut at = after_ms;
@@ -86,7 +86,7 @@ impl Rule {
         occurrences
             .windows(2)
             .map(|pair| Duration::from_millis(pair[1] - pair[0]))
-            .min()
+            .collect()
     }
 }
 
