@@ -537,6 +537,9 @@ pub struct Mixed {
 pub struct MinuteDue {
     /// Lateness of the small messages due in it.
     pub small: Option<Lateness>,
+    /// Of those, the ones due while a burst drained (reports before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small_while_draining: Option<Lateness>,
     /// Large messages due in it.
     pub large_due: u64,
     /// Burst messages due in it.

@@ -23,14 +23,23 @@ pub struct DueMinute {
     pub minute: u64,
     /// Lateness (arrival minus due) of the small messages due in it, µs.
     pub small: Option<Spread>,
+    /// Of those, the ones due while a burst drained (from its due instant to its last
+    /// arrival): what a burst costs the messages due beside it.
+    pub small_while_draining: Option<Spread>,
     /// Large bodies due in it.
     pub large_due: u64,
     /// Burst messages due in it.
     pub burst_due: u64,
 }
 
-/// The arrivals grouped by the minute (since `start_us`) in which they were due.
-pub fn by_due_minute(arrived: &[Arrived], layout: &Layout, start_us: u64) -> Vec<DueMinute> {
+/// The arrivals grouped by the minute (since `start_us`) in which they were due; `drains`
+/// holds each burst's drain as (due instant, last arrival), epoch µs.
+pub fn by_due_minute(
+    arrived: &[Arrived],
+    layout: &Layout,
+    start_us: u64,
+    drains: &[(u64, u64)],
+) -> Vec<DueMinute> {
     let minute_of = |due_us: u64| due_us.saturating_sub(start_us) / 60_000_000 + 1;
     let last = arrived
         .iter()
@@ -38,13 +47,23 @@ pub fn by_due_minute(arrived: &[Arrived], layout: &Layout, start_us: u64) -> Vec
         .max()
         .unwrap_or(0);
     let mut small: Vec<Vec<i64>> = vec![Vec::new(); last as usize];
+    let mut while_draining: Vec<Vec<i64>> = vec![Vec::new(); last as usize];
+    let draining = |due_us: u64| {
+        drains
+            .iter()
+            .any(|&(from, to)| (from..=to).contains(&due_us))
+    };
     let mut large = vec![0; last as usize];
     let mut burst = vec![0; last as usize];
     for a in arrived {
         let index = (minute_of(a.due_us) - 1) as usize;
         match layout.kind(a.seq) {
             Kind::Small | Kind::Rescheduled => {
-                small[index].push(a.at_us as i64 - a.due_us as i64);
+                let late = a.at_us as i64 - a.due_us as i64;
+                small[index].push(late);
+                if draining(a.due_us) {
+                    while_draining[index].push(late);
+                }
             }
             Kind::Large => large[index] += 1,
             Kind::Burst => burst[index] += 1,
@@ -55,10 +74,24 @@ pub fn by_due_minute(arrived: &[Arrived], layout: &Layout, start_us: u64) -> Vec
         .map(|i| DueMinute {
             minute: i as u64 + 1,
             small: Spread::of(&small[i]),
+            small_while_draining: Spread::of(&while_draining[i]),
             large_due: large[i],
             burst_due: burst[i],
         })
         .collect()
+}
+
+/// The `n` small messages that arrived latest after their due time, the latest first:
+/// where a tail comes from (the ones due at a burst's instant, or during its drain).
+pub fn latest_small(arrived: &[Arrived], layout: &Layout, n: usize) -> Vec<Arrived> {
+    let mut small: Vec<Arrived> = arrived
+        .iter()
+        .filter(|a| matches!(layout.kind(a.seq), Kind::Small | Kind::Rescheduled))
+        .copied()
+        .collect();
+    small.sort_unstable_by_key(|a| std::cmp::Reverse(a.at_us as i64 - a.due_us as i64));
+    small.truncate(n);
+    small
 }
 
 /// A reading of the broker's and the bridge's usage, taken once a minute.
@@ -138,7 +171,8 @@ mod tests {
             at(2001, 125, 300_000),
             at(0, 30, 0),
         ];
-        let minutes = by_due_minute(&arrived, &layout, start);
+        let drain = (start + 61_000_000, start + 61_500_000);
+        let minutes = by_due_minute(&arrived, &layout, start, &[drain]);
         assert_eq!(minutes.len(), 3);
         assert_eq!(minutes[0].small.unwrap().count, 2);
         assert_eq!(
@@ -152,7 +186,41 @@ mod tests {
             "the large body is apart"
         );
         assert_eq!((minutes[1].large_due, minutes[2].burst_due), (1, 1));
+        let during = minutes[1].small_while_draining.unwrap();
+        assert_eq!(
+            (during.count, during.max),
+            (1, 8_000),
+            "the small one due in the drain, not the burst's own"
+        );
+        assert!(minutes[0].small_while_draining.is_none());
         assert!(minutes[2].small.is_none());
+    }
+
+    #[test]
+    fn the_latest_small_messages_come_latest_first_and_without_the_others() {
+        let layout = Layout {
+            steady: 2000,
+            large: 1,
+            bursts: 1,
+            burst_size: 10,
+        };
+        let at = |seq, late_us: u64| Arrived {
+            seq,
+            at_us: 5_000_000 + late_us,
+            due_us: 5_000_000,
+        };
+        let arrived = vec![
+            at(100, 10),
+            at(101, 30),
+            at(2000, 900),
+            at(2001, 800),
+            at(102, 20),
+        ];
+        let latest: Vec<u64> = latest_small(&arrived, &layout, 2)
+            .iter()
+            .map(|a| a.seq)
+            .collect();
+        assert_eq!(latest, vec![101, 102]);
     }
 
     #[test]

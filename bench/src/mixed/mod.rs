@@ -79,6 +79,9 @@ const MINUTE_P99_LIMIT_MS: f64 = 20.0;
 const MINUTE_P99_DRIFT: f64 = 2.0;
 /// The bridge's RSS may exceed `bridge.max_unacked_bytes` by at most this much.
 const RSS_ALLOWANCE: u64 = 64 << 20;
+/// How many of the latest small messages the report lists.
+const LATEST_SHOWN: usize = 5;
+
 /// How long after it is published a cancel or a reschedule is sent.
 const CANCEL_AFTER: Duration = Duration::from_millis(500);
 /// The shortest delay of a message that is cancelled or rescheduled (well beyond the cancel
@@ -177,6 +180,12 @@ struct Measured {
     strays: u64,
     /// Per burst: seconds from its due instant to its last arrival.
     burst_drains: Vec<f64>,
+    /// When the run started (epoch µs).
+    start_us: u64,
+    /// Per burst: its due instant and its last arrival (epoch µs).
+    drains: Vec<(u64, u64)>,
+    /// The small messages that arrived latest after their due time, with their kind.
+    latest: Vec<(minutes::Arrived, Kind)>,
     peak_rss: u64,
     broker_us: Option<f64>,
     bridge_us: f64,
@@ -310,22 +319,31 @@ async fn measure(
     let _ = side.close(200, "done".into()).await;
 
     let arrived = collected.arrived();
-    let burst_drains = (0..layout.bursts)
+    let drains: Vec<(u64, u64)> = (0..layout.bursts)
         .map(|i| {
             let seqs = layout.burst_seqs(i);
-            let (due, last) = arrived
+            arrived
                 .iter()
                 .filter(|a| seqs.contains(&a.seq))
                 .fold((u64::MAX, 0), |(due, last), a| {
                     (due.min(a.due_us), last.max(a.at_us))
-                });
-            last.saturating_sub(due) as f64 / 1e6
+                })
         })
+        .collect();
+    let burst_drains = drains
+        .iter()
+        .map(|&(due, last)| last.saturating_sub(due) as f64 / 1e6)
         .collect();
     let totals = readings.first().copied().map(|first| (first, end_reading));
     let messages = layout.total().max(1) as f64;
     Ok(Measured {
-        due: minutes::by_due_minute(&arrived, &layout, start_us),
+        due: minutes::by_due_minute(&arrived, &layout, start_us, &drains),
+        start_us,
+        latest: minutes::latest_small(&arrived, &layout, LATEST_SHOWN)
+            .into_iter()
+            .map(|a| (a, layout.kind(a.seq)))
+            .collect(),
+        drains,
         cost: minutes::cost_per_minute(&readings),
         outcomes: collected.outcomes(&layout, &late_cancels),
         late_cancels: late_cancels.len() as u64,
@@ -572,6 +590,30 @@ fn report(
         "bursts drained (due instant to last arrival): {}",
         drains.join(", ")
     );
+    let drain_starts: Vec<String> = m
+        .drains
+        .iter()
+        .map(|&(due, _)| format!("{:.3} s", due.saturating_sub(m.start_us) as f64 / 1e6))
+        .collect();
+    println!("bursts due at (into the run): {}", drain_starts.join(", "));
+    for (a, kind) in &m.latest {
+        println!(
+            "late: small message {} ({kind:?}) due {:.3} s into the run, {:.1} ms late",
+            a.seq,
+            a.due_us.saturating_sub(m.start_us) as f64 / 1e6,
+            a.at_us.saturating_sub(a.due_us) as f64 / 1e3
+        );
+    }
+    for due in &m.due {
+        if let Some(during) = due.small_while_draining {
+            println!(
+                "minute {}: the {} small messages due while its burst drained: {}",
+                due.minute,
+                during.count,
+                during.row()
+            );
+        }
+    }
     let plain = baseline.broker_us_per_message();
     println!(
         "whole run: broker {} us per message ({}), bridge {:.0} us per message, bridge peak RSS {}",
@@ -654,6 +696,7 @@ fn report(
                 .map(|d| {
                     let due = report::MinuteDue {
                         small: d.small.map(|s| s.report()),
+                        small_while_draining: d.small_while_draining.map(|s| s.report()),
                         large_due: d.large_due,
                         burst_due: d.burst_due,
                     };
