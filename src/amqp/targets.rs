@@ -21,21 +21,38 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::publisher::Publisher;
 use super::wire::{Connection, WireError};
 
-/// Lazily opened confirm channels, one per target exchange.
+/// Which of a target's channels a publish uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Share {
+    /// The target's channel for everything but bursts.
+    Common,
+    /// The target's channel for the messages of a burst, so that the broker works through a
+    /// burst on one channel while a message due meanwhile goes through the other.
+    Bulk,
+}
+
+/// Lazily opened confirm channels, per target exchange one for most publishes and one for
+/// bursts.
 pub struct TargetChannels {
     connection: Connection,
     confirm_timeout: Duration,
     /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
     /// of thousands of deliveries due at once must not queue on an async lock.
-    channels: Mutex<HashMap<String, Publisher>>,
+    channels: Mutex<HashMap<ChannelKey, Publisher>>,
     /// One async lock per target, taken only to open its channel, so that thousands of
     /// deliveries to a target that has no channel yet open one between them, not one each
     /// (which ran the connection out of channels in a burst). It holds the last opening's
     /// failure, which every caller that waited for that opening shares.
-    opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<FailedOpening>>>>>,
+    opening: Mutex<HashMap<ChannelKey, Opening>>,
     /// Permits for private channels: at most [`ISOLATED_AT_ONCE`] open at a time.
     isolated: Arc<Semaphore>,
 }
+
+/// A target exchange (or the empty key: the bridge's own) and which of its channels.
+type ChannelKey = (String, Share);
+
+/// The lock an opening of one channel holds, with the last opening's failure.
+type Opening = Arc<tokio::sync::Mutex<Option<FailedOpening>>>;
 
 /// Private single-publish channels open at once, at most (a connection has 2047).
 pub const ISOLATED_AT_ONCE: usize = 16;
@@ -85,7 +102,12 @@ impl TargetChannels {
     /// bridge's own channel ([`adopt`](Self::adopt)ed), which needs no check. Concurrent
     /// callers for the same key share one opening, and its failure.
     pub async fn get(&self, key: &str) -> Result<Publisher, WireError> {
-        if let Some(channel) = self.open_channel(key) {
+        self.get_shared(key, Share::Common).await
+    }
+
+    /// As [`get`](Self::get), the channel `share` of `key`'s two.
+    pub async fn get_shared(&self, key: &str, share: Share) -> Result<Publisher, WireError> {
+        if let Some(channel) = self.open_channel(key, share) {
             return Ok(channel);
         }
         let asked = Instant::now();
@@ -93,12 +115,12 @@ impl TargetChannels {
             .opening
             .lock()
             .expect("target opening lock")
-            .entry(key.to_string())
+            .entry((key.to_string(), share))
             .or_default()
             .clone();
         let mut last_failure = opening.lock().await;
         // Whoever held the lock before us may have opened it, or found it cannot be opened.
-        if let Some(channel) = self.open_channel(key) {
+        if let Some(channel) = self.open_channel(key, share) {
             return Ok(channel);
         }
         if let Some(failed) = last_failure.as_ref().filter(|failed| failed.at >= asked) {
@@ -118,7 +140,7 @@ impl TargetChannels {
         self.channels
             .lock()
             .expect("target channels lock")
-            .insert(key.to_string(), opened.clone());
+            .insert((key.to_string(), share), opened.clone());
         Ok(opened)
     }
 
@@ -136,7 +158,7 @@ impl TargetChannels {
         self.channels
             .lock()
             .expect("target channels lock")
-            .insert(key.to_string(), publisher);
+            .insert((key.to_string(), Share::Common), publisher);
     }
 
     /// A private confirm channel for one publish that must not share the fate of others
@@ -155,9 +177,12 @@ impl TargetChannels {
         })
     }
 
-    fn open_channel(&self, target: &str) -> Option<Publisher> {
+    fn open_channel(&self, target: &str, share: Share) -> Option<Publisher> {
         let channels = self.channels.lock().expect("target channels lock");
-        channels.get(target).filter(|p| p.is_open()).cloned()
+        channels
+            .get(&(target.to_string(), share))
+            .filter(|p| p.is_open())
+            .cloned()
     }
 
     /// Closes every open target channel (on shutdown).

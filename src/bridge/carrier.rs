@@ -18,7 +18,7 @@ use super::{BridgeError, Shared};
 use crate::amqp::disposition::{Culprit, Disposition, Refusal, Whose, whose};
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
-use crate::amqp::targets::TargetChannels;
+use crate::amqp::targets::{Share, TargetChannels};
 use crate::amqp::wire::{self, Delivery};
 use crate::cancel::Successors;
 use crate::clock::{now_ms, until_epoch_ms};
@@ -1040,7 +1040,11 @@ impl Carrier {
             Destination::Own(_) => OWN_CHANNEL,
             Destination::Target(target) => target,
         };
-        match self.targets.get(key).await {
+        let share = match attempt.lane {
+            Some(lane) if lane.is_bulk() => Share::Bulk,
+            _ => Share::Common,
+        };
+        match self.targets.get_shared(key, share).await {
             Ok(publisher) => publish_on(&publisher, attempt).await,
             // A target found missing (or forbidden) when its channel opened refuses this
             // publish as a publish would have; any other failure is a lost attempt.

@@ -12,7 +12,7 @@
 //! [`Turns`] is the bookkeeping, without I/O; [`Lanes`] hands out the turns to tasks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -99,11 +99,13 @@ impl Lanes {
         })
     }
 
-    /// A lane for the messages of one bundle due at one instant.
+    /// A lane for the messages of one bundle due at one instant, none of them in it yet
+    /// (each [`Lane::join`]s).
     pub(crate) fn open(self: &Arc<Self>) -> Lane {
         Lane {
             id: self.next_lane.fetch_add(1, Ordering::Relaxed),
             lanes: self.clone(),
+            members: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -130,9 +132,24 @@ impl Lanes {
 pub(crate) struct Lane {
     id: u64,
     lanes: Arc<Lanes>,
+    /// How many messages joined it.
+    members: Arc<AtomicUsize>,
 }
 
 impl Lane {
+    /// One more message of the lane: its handle.
+    pub(crate) fn join(&self) -> Lane {
+        self.members.fetch_add(1, Ordering::Relaxed);
+        self.clone()
+    }
+
+    /// A burst's lane: more messages than may publish at once. They publish on a channel of
+    /// their own, so that a message due meanwhile in another lane, once it has its turn,
+    /// does not wait behind them in the broker's channel as well.
+    pub(crate) fn is_bulk(&self) -> bool {
+        self.members.load(Ordering::Relaxed) > WIDTH
+    }
+
     /// Waits for this lane's turn; the turn ends when the [`Turn`] is dropped.
     pub(crate) async fn turn(&self) -> Turn {
         let (waiter, granted) = oneshot::channel();
@@ -178,6 +195,20 @@ impl Drop for Turn {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_lane_is_a_bursts_once_more_join_it_than_may_publish_at_once() {
+        let lanes = Lanes::new();
+        let lane = lanes.open();
+        let members: Vec<Lane> = (0..WIDTH).map(|_| lane.join()).collect();
+        assert!(!members[0].is_bulk(), "as many as may publish at once");
+        let last = lane.join();
+        assert!(
+            last.is_bulk() && members[0].is_bulk(),
+            "one more: each member sees it"
+        );
+        assert!(!lanes.open().join().is_bulk(), "a lane of one");
+    }
 
     #[test]
     fn a_small_lane_waits_one_turn_of_a_busy_one() {

@@ -9,13 +9,6 @@ use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
-/// The management API of the test broker: `DELAY_BRIDGE_TEST_MANAGEMENT_URL`, or the local
-/// default (scripts/broker.sh enables the plugin).
-fn management_url() -> String {
-    std::env::var("DELAY_BRIDGE_TEST_MANAGEMENT_URL")
-        .unwrap_or_else(|_| "http://127.0.0.1:15672".to_string())
-}
-
 /// The work exchange is deleted under a running bridge, so a quorum level's at-least-once
 /// dead-letter worker cannot forward what expires there (the broker retries only after
 /// `dead_letter_worker_publisher_confirm_timeout`, 180 s by default). The bridge sees the

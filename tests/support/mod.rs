@@ -723,3 +723,58 @@ pub fn every_property() -> lapin::BasicProperties {
         .with_app_id("app".into())
         .with_cluster_id("cluster".into())
 }
+
+/// The management API of the test broker: `DELAY_BRIDGE_TEST_MANAGEMENT_URL`, or the local
+/// default (scripts/broker.sh enables the plugin).
+pub fn management_url() -> String {
+    std::env::var("DELAY_BRIDGE_TEST_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:15672".to_string())
+}
+
+/// GETs the management API's `segments` (each percent-encoded as one path segment) as
+/// JSON, as guest.
+pub async fn management_get(segments: &[&str]) -> serde_json::Value {
+    let mut url = reqwest::Url::parse(&management_url()).expect("a management URL");
+    url.path_segments_mut()
+        .expect("a base URL")
+        .push("api")
+        .extend(segments);
+    reqwest::Client::new()
+        .get(url.clone())
+        .basic_auth("guest", Some("guest"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .unwrap_or_else(|e| {
+            panic!("the management API answers {url} (scripts/broker.sh enables it): {e}")
+        })
+        .json()
+        .await
+        .expect("the management API answers JSON")
+}
+
+/// For each channel of the connections whose client-provided name is `connection_name`:
+/// how many messages it published, as the management API last sampled its statistics
+/// (every 5 s by default), largest first; channels that published none left out.
+pub async fn published_per_channel(connection_name: &str) -> Vec<u64> {
+    let connections = management_get(&["connections"]).await;
+    let mut counts = Vec::new();
+    for connection in connections.as_array().into_iter().flatten() {
+        if connection["client_properties"]["connection_name"] != connection_name {
+            continue;
+        }
+        let name = connection["name"].as_str().expect("a connection's name");
+        let channels = management_get(&["connections", name, "channels"]).await;
+        counts.extend(
+            channels
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|channel| channel["message_stats"]["publish"].as_u64())
+                .filter(|published| *published > 0),
+        );
+    }
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts
+}

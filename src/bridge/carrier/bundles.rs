@@ -274,7 +274,7 @@ impl Carrier {
                         let lane = lanes
                             .entry(envelope.deliver_at)
                             .or_insert_with(|| self.lanes.open())
-                            .clone();
+                            .join();
                         Ok(Decoded {
                             tag,
                             body,
