@@ -268,18 +268,25 @@ async fn after_a_burst_of_bundles_both_windows_widen_back_to_prefetch() {
     w.cleanup().await;
 }
 
+/// A bridge bundling in 100-ms windows, levels 1 s and 2 s.
+fn bundling(name: &str) -> Setup<'_> {
+    Setup {
+        ladder: "1s 2s",
+        margin: Duration::from_millis(100),
+        hop_window: Some(Duration::from_millis(100)),
+        bundle_hops: Some(true),
+        ..Setup::new(name)
+    }
+}
+
 /// A bridge bundling in 100-ms windows (levels 1 s and 2 s), whose target copies each message
 /// to 15 queues besides its own, so that the broker, not the bridge, sets the pace (as a
 /// busy broker does in production).
 async fn busy_bundling_world(name: &str) -> World {
     const FANOUT: usize = 15;
     let mut w = World::start(Setup {
-        ladder: "1s 2s",
-        margin: Duration::from_millis(100),
-        hop_window: Some(Duration::from_millis(100)),
-        bundle_hops: Some(true),
         prefetch: 1000,
-        ..Setup::new(name)
+        ..bundling(name)
     })
     .await;
     let target = w.sandbox.target.clone();
@@ -452,14 +459,7 @@ async fn messages_due_after_a_burst_in_its_bundles_pass_it() {
 #[tokio::test]
 async fn a_burst_publishes_to_its_target_on_a_channel_of_its_own() {
     const BURST: u64 = 2_000;
-    let mut w = World::start(Setup {
-        ladder: "1s 2s",
-        margin: Duration::from_millis(100),
-        hop_window: Some(Duration::from_millis(100)),
-        bundle_hops: Some(true),
-        ..Setup::new("flow-bulk")
-    })
-    .await;
+    let mut w = World::start(bundling("flow-bulk")).await;
     let due = now_ms() + 3_000;
     publish_burst(&w, BURST as usize, b"burst", due).await;
     w.publish("rk.later", b"later", numbered(BURST as usize, due + 50))
