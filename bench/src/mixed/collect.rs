@@ -93,15 +93,19 @@ impl Collected {
         o
     }
 
-    /// Messages missing and doubled at the target, by kind (what should reach it).
-    pub fn by_kind(&self, layout: &Layout) -> Vec<(Kind, (u64, u64))> {
+    /// Messages missing and doubled at the target, by kind (what should reach it), counted
+    /// as [`Collected::outcomes`] counts them: one in `late` may have come once more.
+    pub fn by_kind(&self, layout: &Layout, late: &[u64]) -> Vec<(Kind, (u64, u64))> {
         let kinds = [Kind::Small, Kind::Rescheduled, Kind::Large, Kind::Burst];
         kinds
             .into_iter()
             .map(|kind| {
                 let (mut missing, mut doubled) = (0, 0);
                 for seq in (0..layout.total()).filter(|s| layout.kind(*s) == kind) {
-                    let copies = self.copies[seq as usize];
+                    let mut copies = self.copies[seq as usize];
+                    if late.binary_search(&seq).is_ok() {
+                        copies = copies.min(1);
+                    }
                     missing += u64::from(copies == 0);
                     doubled += u64::from(copies.saturating_sub(1));
                 }
@@ -261,6 +265,46 @@ mod tests {
                 unparked: 1,
                 misparked: 1,
             }
+        );
+    }
+
+    #[test]
+    fn by_kind_counts_a_late_reschedule_delivered_twice_as_outcomes_do() {
+        let layout = Layout {
+            steady: 1000,
+            large: 1,
+            bursts: 1,
+            burst_size: 2,
+        };
+        let mut c = Collected::new(layout.total());
+        for seq in 0..layout.total() {
+            if layout.kind(seq).is_delivered() {
+                c.target(seq, 1, 2);
+            }
+        }
+        let rescheduled: Vec<u64> = (0..layout.total())
+            .filter(|s| layout.kind(*s) == Kind::Rescheduled)
+            .take(2)
+            .collect();
+        for seq in &rescheduled {
+            c.target(*seq, 1, 3);
+        }
+        let doubled = |c: &Collected, late: &[u64]| {
+            c.by_kind(&layout, late)
+                .into_iter()
+                .find(|(kind, _)| *kind == Kind::Rescheduled)
+                .map(|(_, (_, doubled))| doubled)
+        };
+        assert_eq!(doubled(&c, &[]), Some(2));
+        assert_eq!(
+            doubled(&c, &rescheduled[..1]),
+            Some(1),
+            "the late one not counted"
+        );
+        assert_eq!(
+            c.outcomes(&layout, &rescheduled[..1]).doubled,
+            1,
+            "as the outcomes count it"
         );
     }
 }

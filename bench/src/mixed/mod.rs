@@ -347,7 +347,7 @@ async fn measure(
         cost: minutes::cost_per_minute(&readings),
         outcomes: collected.outcomes(&layout, &late_cancels),
         late_cancels: late_cancels.len() as u64,
-        by_kind: collected.by_kind(&layout),
+        by_kind: collected.by_kind(&layout, &late_cancels),
         strays: collected.strays,
         burst_drains,
         peak_rss: end.peak_rss,
