@@ -234,8 +234,8 @@ impl Collector {
 mod tests {
     use super::*;
 
-    #[test]
-    fn outcomes_count_each_kind_against_what_it_should_become() {
+    /// A small soak's layout, and every message that should reach the target there once.
+    fn each_delivered_once() -> (Layout, Collected) {
         let layout = Layout {
             steady: 1000,
             large: 1,
@@ -248,6 +248,12 @@ mod tests {
                 c.target(seq, 1, 2);
             }
         }
+        (layout, c)
+    }
+
+    #[test]
+    fn outcomes_count_each_kind_against_what_it_should_become() {
+        let (layout, mut c) = each_delivered_once();
         c.parked[15..20].iter_mut().for_each(|p| *p = 1);
         assert_eq!(c.outcomes(&layout, &[]), Outcomes::default());
         c.target(20, 1, 3);
@@ -270,18 +276,7 @@ mod tests {
 
     #[test]
     fn by_kind_counts_a_late_reschedule_delivered_twice_as_outcomes_do() {
-        let layout = Layout {
-            steady: 1000,
-            large: 1,
-            bursts: 1,
-            burst_size: 2,
-        };
-        let mut c = Collected::new(layout.total());
-        for seq in 0..layout.total() {
-            if layout.kind(seq).is_delivered() {
-                c.target(seq, 1, 2);
-            }
-        }
+        let (layout, mut c) = each_delivered_once();
         let rescheduled: Vec<u64> = (0..layout.total())
             .filter(|s| layout.kind(*s) == Kind::Rescheduled)
             .take(2)
