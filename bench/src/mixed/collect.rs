@@ -68,12 +68,9 @@ impl Collected {
     pub fn outcomes(&self, layout: &Layout, late: &[u64]) -> Outcomes {
         let mut o = Outcomes::default();
         for seq in 0..layout.total() {
-            let (mut copies, parked) = (self.copies[seq as usize], self.parked[seq as usize]);
-            if late.binary_search(&seq).is_ok() {
-                copies = copies.min(1);
-                if layout.kind(seq) == Kind::Cancelled {
-                    copies = 0;
-                }
+            let (mut copies, parked) = (self.counted_copies(seq, late), self.parked[seq as usize]);
+            if layout.kind(seq) == Kind::Cancelled && late.binary_search(&seq).is_ok() {
+                copies = 0;
             }
             match layout.kind(seq) {
                 Kind::Cancelled => o.cancel_lost += u64::from(copies),
@@ -93,6 +90,17 @@ impl Collected {
         o
     }
 
+    /// The copies of `seq` that reached the target, as counted: one whose cancel or
+    /// reschedule is in `late` may have come once more, which does not count.
+    fn counted_copies(&self, seq: u64, late: &[u64]) -> u32 {
+        let copies = self.copies[seq as usize];
+        if late.binary_search(&seq).is_ok() {
+            copies.min(1)
+        } else {
+            copies
+        }
+    }
+
     /// Messages missing and doubled at the target, by kind (what should reach it), counted
     /// as [`Collected::outcomes`] counts them: one in `late` may have come once more.
     pub fn by_kind(&self, layout: &Layout, late: &[u64]) -> Vec<(Kind, (u64, u64))> {
@@ -102,10 +110,7 @@ impl Collected {
             .map(|kind| {
                 let (mut missing, mut doubled) = (0, 0);
                 for seq in (0..layout.total()).filter(|s| layout.kind(*s) == kind) {
-                    let mut copies = self.copies[seq as usize];
-                    if late.binary_search(&seq).is_ok() {
-                        copies = copies.min(1);
-                    }
+                    let copies = self.counted_copies(seq, late);
                     missing += u64::from(copies == 0);
                     doubled += u64::from(copies.saturating_sub(1));
                 }
