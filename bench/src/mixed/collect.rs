@@ -246,6 +246,7 @@ mod tests {
             large: 1,
             bursts: 1,
             burst_size: 2,
+            plain: false,
         };
         let mut c = Collected::new(layout.total());
         for seq in 0..layout.total() {

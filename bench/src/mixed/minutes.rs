@@ -156,6 +156,7 @@ mod tests {
             large: 1,
             bursts: 1,
             burst_size: 10,
+            plain: false,
         };
         let start = 1_000_000_000;
         let at = |seq, due_s: u64, late_us| Arrived {
@@ -203,6 +204,7 @@ mod tests {
             large: 1,
             bursts: 1,
             burst_size: 10,
+            plain: false,
         };
         let at = |seq, late_us: u64| Arrived {
             seq,

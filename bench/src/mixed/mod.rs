@@ -4,11 +4,17 @@
 //! [`traffic`]). It reports the small messages' lateness **per minute** of due time (so a
 //! degradation shows), what went missing or came twice, the broker's and the bridge's CPU
 //! per message and the bridge's RSS per minute, and draws them as an SVG picture.
+//!
+//! With `--plugin` the same flow goes through the archived delayed-message plugin instead
+//! (enabled on the broker), for a comparison in one sitting: without the cancels,
+//! reschedules and unroutable messages, which the plugin cannot carry (a plain
+//! [`traffic::Layout`]), and without a bridge to measure.
 
 mod collect;
 mod minutes;
 mod picture;
 mod traffic;
+mod via;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,11 +36,12 @@ use delay_bridge::sandbox::{Sandbox, TargetBinding};
 use self::collect::{Collector, Outcomes};
 use self::minutes::{CostMinute, DueMinute, Reading};
 use self::traffic::{Kind, Layout, message_id};
+use self::via::Via;
 use super::above_zero::above_zero;
 use super::baseline::{Baseline, BaselineArgs};
-use super::load::{Outgoing, body, due_at, now_us, publish};
+use super::load::{Outgoing, body, now_us, publish};
 use super::measured_bridge::MeasuredBridge;
-use super::{Spread, Target, bridge_description, mib, ms, print_targets, target_rows};
+use super::{Spread, Target, mib, ms, print_targets, target_rows};
 
 /// `bench mixed` options.
 #[derive(Debug, clap::Args)]
@@ -69,6 +76,11 @@ pub struct Args {
     /// Where to draw the per-minute picture (SVG).
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Send the flow through the archived delayed-message plugin (enabled on the broker)
+    /// instead of a bridge, for a comparison: only small messages in the steady flow, as it
+    /// can neither cancel nor park.
+    #[arg(long)]
+    plugin: bool,
     #[command(flatten)]
     baseline: BaselineArgs,
 }
@@ -136,6 +148,7 @@ impl Shape {
             large: (duration.as_secs_f64() / large_every.as_secs_f64()).floor() as u64,
             bursts: (duration.as_secs_f64() / burst_every.as_secs_f64()).floor() as u64,
             burst_size: args.burst_size,
+            plain: args.plugin,
         };
         Ok(Self {
             duration,
@@ -163,9 +176,19 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let burst_queue = format!("{}.burst.q", sandbox.prefix());
     sandbox.adopt_queue(&burst_queue);
     declare_burst_queue(&sandbox, &burst_queue).await?;
-    let measured = measure(&sandbox, &burst_queue, &baseline, args, &shape).await;
+    let via = if args.plugin {
+        let exchange = format!("{}.plugin", sandbox.prefix());
+        sandbox.adopt_exchange(&exchange);
+        via::declare_plugin_exchange(&sandbox, &exchange, &[ROUTED_KEY, BURST_KEY]).await?;
+        Via::Plugin { exchange }
+    } else {
+        Via::Bridge {
+            ingress: sandbox.ingress.clone(),
+        }
+    };
+    let measured = measure(&sandbox, &via, &burst_queue, &baseline, args, &shape).await;
     sandbox.finish().await?;
-    report(base, &baseline, args, &shape, measured?)
+    report(base, &via, &baseline, args, &shape, measured?)
 }
 
 /// What one soak measured.
@@ -221,13 +244,17 @@ async fn declare_burst_queue(sandbox: &Sandbox, queue: &str) -> Result<()> {
 
 async fn measure(
     sandbox: &Sandbox,
+    via: &Via,
     burst_queue: &str,
     baseline: &Baseline,
     args: &Args,
     shape: &Shape,
 ) -> Result<Measured> {
     let layout = shape.layout;
-    let bridge = MeasuredBridge::start(sandbox).await?;
+    let bridge = match via {
+        Via::Bridge { .. } => Some(MeasuredBridge::start(sandbox).await?),
+        Via::Plugin { .. } => None,
+    };
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     let collector = Collector::start(
         &consumer,
@@ -238,7 +265,8 @@ async fn measure(
     .await?;
     let published = Arc::new(AtomicU64::new(0));
     let start_us = now_us();
-    let sampler = Sampler::start(baseline, &bridge, published.clone())?;
+    let bridge_pid = bridge.as_ref().map(MeasuredBridge::pid).transpose()?;
+    let sampler = Sampler::start(baseline, bridge_pid, published.clone());
 
     // Cancels and reschedules, each a moment after its message.
     let client = Client::connect_to(std::slice::from_ref(sandbox.config.url()), sandbox.prefix())
@@ -251,7 +279,7 @@ async fn measure(
     let side = amqp::connect(sandbox.config.url(), "delay-bridge bench side").await?;
     let large = tokio::spawn(publish_large(
         crate::load::confirm_channel(&side).await?,
-        sandbox.ingress.clone(),
+        via.clone(),
         shape.layout,
         args.large_size,
         (shape.large_every, shape.min, shape.max),
@@ -259,7 +287,7 @@ async fn measure(
     ));
     let bursts = tokio::spawn(publish_bursts(
         crate::load::confirm_channel(&side).await?,
-        sandbox.ingress.clone(),
+        via.clone(),
         shape.layout,
         shape.burst_every,
         args.body_size,
@@ -268,7 +296,6 @@ async fn measure(
 
     let steady = crate::load::confirm_channel(&sandbox.conn).await?;
     let (min_ms, max_ms) = (shape.min.as_millis() as u64, shape.max.as_millis() as u64);
-    let ingress = sandbox.ingress.clone();
     let counted = published.clone();
     publish(&steady, layout.steady, Some(args.rate), |seq| {
         counted.fetch_add(1, Ordering::Relaxed);
@@ -278,11 +305,11 @@ async fn measure(
             delay = delay.max(CANCELLED_MIN_DELAY.as_millis() as u64);
         }
         let due = now_ms() + delay;
-        let mut out = due_at(&ingress, seq, due, args.body_size);
-        match kind {
-            Kind::Unroutable => out.routing_key = UNROUTABLE_KEY.into(),
-            _ => out.routing_key = ROUTED_KEY.into(),
-        }
+        let key = match kind {
+            Kind::Unroutable => UNROUTABLE_KEY,
+            _ => ROUTED_KEY,
+        };
+        let mut out = via.message(seq, due, args.body_size, key);
         if matches!(kind, Kind::Cancelled | Kind::Rescheduled) {
             // As a publisher that may cancel does: the id, and when it entered, so that a
             // cancel sent after the publish drops it even if the bridge reads it later.
@@ -313,8 +340,14 @@ async fn measure(
         + Duration::from_secs(30);
     let collected = collector.finish(deadline, Duration::from_secs(2)).await?;
     let (readings, end_reading) = sampler.finish().await?;
-    let end = bridge.usage()?;
-    bridge.stop().await?;
+    let peak_rss = match bridge {
+        Some(bridge) => {
+            let end = bridge.usage()?;
+            bridge.stop().await?;
+            end.peak_rss
+        }
+        None => 0,
+    };
     let _ = consumer.close(200, "done".into()).await;
     let _ = side.close(200, "done".into()).await;
 
@@ -350,7 +383,7 @@ async fn measure(
         by_kind: collected.by_kind(&layout, &late_cancels),
         strays: collected.strays,
         burst_drains,
-        peak_rss: end.peak_rss,
+        peak_rss,
         broker_us: totals.and_then(|(a, b)| {
             Some(b.broker_cpu_us?.saturating_sub(a.broker_cpu_us?) as f64 / messages)
         }),
@@ -399,7 +432,7 @@ async fn cancel_all(
 /// Publishes one large body every `every`, halfway through each period.
 async fn publish_large(
     channel: lapin::Channel,
-    ingress: String,
+    via: Via,
     layout: Layout,
     size: usize,
     (every, min, max): (Duration, Duration, Duration),
@@ -410,8 +443,7 @@ async fn publish_large(
         tokio::time::sleep_until(start + every * i as u32 + every / 2).await;
         let delay = rand::random_range(min.as_millis() as u64..=max.as_millis() as u64);
         let seq = layout.large_seq(i);
-        let mut out = due_at(&ingress, seq, now_ms() + delay, size);
-        out.routing_key = ROUTED_KEY.into();
+        let mut out = via.message(seq, now_ms() + delay, size, ROUTED_KEY);
         published.fetch_add(1, Ordering::Relaxed);
         publish(&channel, 1, None, |_| Outgoing {
             exchange: out.exchange.clone(),
@@ -427,7 +459,7 @@ async fn publish_large(
 /// Publishes each burst flat out, halfway through its period, due [`BURST_LEAD`] later.
 async fn publish_bursts(
     channel: lapin::Channel,
-    ingress: String,
+    via: Via,
     layout: Layout,
     every: Duration,
     body_size: usize,
@@ -440,9 +472,7 @@ async fn publish_bursts(
         let first = layout.burst_seqs(i).start;
         publish(&channel, layout.burst_size, None, |j| {
             published.fetch_add(1, Ordering::Relaxed);
-            let mut out = due_at(&ingress, first + j, due, body_size);
-            out.routing_key = BURST_KEY.into();
-            out
+            via.message(first + j, due, body_size, BURST_KEY)
         })
         .await?;
     }
@@ -457,15 +487,11 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(
-        baseline: &Baseline,
-        bridge: &MeasuredBridge,
-        published: Arc<AtomicU64>,
-    ) -> Result<Self> {
+    /// Reads the broker and, when there is one, the bridge with process id `bridge`.
+    fn start(baseline: &Baseline, bridge: Option<i32>, published: Arc<AtomicU64>) -> Self {
         let broker = baseline.broker.clone();
-        let pid = bridge.pid()?;
         let read: Arc<dyn Fn() -> Reading + Send + Sync> = Arc::new(move || {
-            let usage = crate::process_usage::read(pid).ok();
+            let usage = bridge.and_then(|pid| crate::process_usage::read(pid).ok());
             Reading {
                 published: published.load(Ordering::Relaxed),
                 broker_cpu_us: broker
@@ -492,7 +518,7 @@ impl Sampler {
             readings.push(reader());
             readings
         });
-        Ok(Self { task, stop, read })
+        Self { task, stop, read }
     }
 
     /// The last minute ends now (a shorter one, when the run is not whole minutes).
@@ -510,14 +536,20 @@ impl Sampler {
 
 fn report(
     base: &Config,
+    via: &Via,
     baseline: &Baseline,
     args: &Args,
     shape: &Shape,
     m: Measured,
 ) -> Result<()> {
     let layout = shape.layout;
+    let mix = if layout.plain {
+        "no cancels, reschedules or unroutable messages"
+    } else {
+        "1 % cancelled, 0.5 % rescheduled, 0.5 % unroutable"
+    };
     println!(
-        "mixed: {} msg/s for {} ({} small, delays [{}, {}], {} B; 1 % cancelled, 0.5 % rescheduled, 0.5 % unroutable), {} bodies of {} one every {}, {} bursts of {} one every {}",
+        "mixed: {} msg/s for {} ({} small, delays [{}, {}], {} B; {mix}), {} bodies of {} one every {}, {} bursts of {} one every {}",
         args.rate,
         format_duration(shape.duration),
         layout.steady,
@@ -531,7 +563,10 @@ fn report(
         layout.burst_size,
         format_duration(shape.burst_every),
     );
-    println!("bridge: {}", bridge_description());
+    match via {
+        Via::Bridge { .. } => println!("bridge: {}", via.description()),
+        Via::Plugin { .. } => println!("plugin: {}", via.description()),
+    }
     println!(
         "broker: {} ({})",
         base.url(),
@@ -568,6 +603,8 @@ fn report(
         "RSS"
     );
     let rows = m.due.len().max(m.cost.len());
+    // Nothing to read of a bridge when the plugin carries the delays.
+    let bridged = matches!(via, Via::Bridge { .. });
     for i in 0..rows {
         let due = m.due.get(i);
         let cost = m.cost.get(i);
@@ -581,8 +618,10 @@ fn report(
             due.map_or(0, |d| d.burst_due),
             cost.and_then(|c| c.broker_us)
                 .map_or_else(|| "-".into(), |us| format!("{us:.0}")),
-            cost.map_or_else(|| "-".into(), |c| format!("{:.0}", c.bridge_us)),
-            cost.map_or_else(|| "-".into(), |c| mib(c.bridge_rss)),
+            cost.filter(|_| bridged)
+                .map_or_else(|| "-".into(), |c| format!("{:.0}", c.bridge_us)),
+            cost.filter(|_| bridged)
+                .map_or_else(|| "-".into(), |c| mib(c.bridge_rss)),
         );
     }
     let drains: Vec<String> = m.burst_drains.iter().map(|s| format!("{s:.2} s")).collect();
@@ -615,20 +654,31 @@ fn report(
         }
     }
     let plain = baseline.broker_us_per_message();
+    let bridge_whole = if bridged {
+        format!(
+            ", bridge {:.0} us per message, bridge peak RSS {}",
+            m.bridge_us,
+            mib(m.peak_rss)
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "whole run: broker {} us per message ({}), bridge {:.0} us per message, bridge peak RSS {}",
+        "whole run: broker {} us per message ({}){bridge_whole}",
         m.broker_us
             .map_or_else(|| "-".into(), |us| format!("{us:.0}")),
         m.broker_us.zip(plain).map_or_else(
             || "plain transit unknown".into(),
             |(us, p)| format!("{:.2} x a plain transit", us / p.max(1e-9))
         ),
-        m.bridge_us,
-        mib(m.peak_rss)
     );
     if let Some(path) = &args.svg {
         let title = format!(
-            "delay-bridge mixed soak: {} msg/s, {}, {}",
+            "{} mixed soak: {} msg/s, {}, {}",
+            match via {
+                Via::Bridge { .. } => "delay-bridge",
+                Via::Plugin { .. } => "delayed-message plugin",
+            },
             args.rate,
             format_duration(shape.duration),
             super::steady::broker_name(baseline)
@@ -650,7 +700,7 @@ fn report(
     let worst = p99s.iter().copied().max().unwrap_or(i64::MAX);
     let first = p99s.first().copied().unwrap_or(0);
     let budget = base.max_unacked_bytes;
-    let targets = vec![
+    let mut targets = vec![
         Target::new(
             format!("p99 of small messages <= {MINUTE_P99_LIMIT_MS} ms in every minute"),
             format!("worst minute {} ms", ms(worst)),
@@ -662,11 +712,6 @@ fn report(
             (worst as f64) <= MINUTE_P99_DRIFT * first.max(1) as f64,
         ),
         Target::new(
-            format!("bridge RSS <= max_unacked_bytes + {}", mib(RSS_ALLOWANCE)),
-            format!("peak {}", mib(m.peak_rss)),
-            m.peak_rss <= budget + RSS_ALLOWANCE,
-        ),
-        Target::new(
             "every message as it should end: once, cancelled, or parked",
             format!(
                 "{} missing, {} doubled, {} cancels lost, {} unparked, {} misparked",
@@ -675,6 +720,16 @@ fn report(
             o == Outcomes::default() && m.strays == 0,
         ),
     ];
+    if matches!(via, Via::Bridge { .. }) {
+        targets.insert(
+            2,
+            Target::new(
+                format!("bridge RSS <= max_unacked_bytes + {}", mib(RSS_ALLOWANCE)),
+                format!("peak {}", mib(m.peak_rss)),
+                m.peak_rss <= budget + RSS_ALLOWANCE,
+            ),
+        );
+    }
     print_targets(&targets);
     let report = report::Report::new(
         "mixed",
@@ -724,7 +779,7 @@ fn report(
             bridge_peak_rss_bytes: m.peak_rss,
         },
     )
-    .bridge(bridge_description())
+    .bridge(via.description())
     .baseline(baseline.report())
     .targets(target_rows(&targets));
     println!("{}", report.to_line());

@@ -3,7 +3,9 @@
 //!
 //! Sequence numbers `0..steady` are the steady flow; among them, by `seq % 1000`, 1 % are
 //! cancelled, 0.5 % rescheduled and 0.5 % unroutable (so every minute has some of each).
-//! Then come the large bodies, then the bursts, one block of `burst_size` each.
+//! Then come the large bodies, then the bursts, one block of `burst_size` each. A plain
+//! layout (for the archived plugin, which can neither cancel nor park) has only small
+//! messages in its steady flow.
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,9 @@ pub struct Layout {
     pub bursts: u64,
     /// Messages per burst.
     pub burst_size: u64,
+    /// No cancels, reschedules or unroutable messages: every message of the steady flow is
+    /// small (what the archived plugin can carry).
+    pub plain: bool,
 }
 
 impl Layout {
@@ -51,7 +56,9 @@ impl Layout {
 
     /// The kind of message `seq`.
     pub fn kind(&self, seq: u64) -> Kind {
-        if seq < self.steady {
+        if seq < self.steady && self.plain {
+            Kind::Small
+        } else if seq < self.steady {
             match seq % 1000 {
                 0..10 => Kind::Cancelled,
                 10..15 => Kind::Rescheduled,
@@ -93,6 +100,7 @@ mod tests {
             large: 3,
             bursts: 2,
             burst_size: 100,
+            plain: false,
         };
         let count = |kind| {
             (0..layout.steady)
@@ -105,6 +113,20 @@ mod tests {
         assert_eq!(layout.kind(layout.large_seq(2)), Kind::Large);
         assert_eq!(layout.burst_seqs(0), 10_003..10_103);
         assert_eq!(layout.burst_seqs(1).end, layout.total());
+        assert_eq!(layout.kind(layout.total() - 1), Kind::Burst);
+    }
+
+    #[test]
+    fn a_plain_layout_has_only_small_messages_in_its_steady_flow() {
+        let layout = Layout {
+            steady: 10_000,
+            large: 3,
+            bursts: 2,
+            burst_size: 100,
+            plain: true,
+        };
+        assert!((0..layout.steady).all(|s| layout.kind(s) == Kind::Small));
+        assert_eq!(layout.kind(layout.large_seq(0)), Kind::Large);
         assert_eq!(layout.kind(layout.total() - 1), Kind::Burst);
     }
 }
