@@ -23,6 +23,8 @@
 #   BENCH_RUNS=3 bash scripts/bench.sh mixed       # the 30-minute soak, 3 runs (not in the
 #                                      # default list: 90 minutes per broker), each also drawn
 #                                      # as target/bench/<version>/mixed.<run>.svg
+#   target/release/delay-bridge-bench mixed --plugin  # the soak's flow through the archived
+#                                      # plugin instead (enabled first; no cancels or parking)
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
 #                                      # capacity's target is twice this figure: the capacity
 #                                      # measured on this machine before the first change for
