@@ -683,7 +683,7 @@ fn report(
             format_duration(shape.duration),
             super::steady::broker_name(baseline)
         );
-        picture::draw(path, &title, &m.due, &m.cost)?;
+        picture::draw(path, &title, &m.due, &m.cost, bridged)?;
         println!("picture: {}", path.display());
     }
 

@@ -1,6 +1,6 @@
 //! The soak's per-minute figures as an SVG picture: the small messages' lateness (p50,
 //! p99, max; log scale), the CPU per message of the broker and the bridge, and the bridge's
-//! RSS.
+//! RSS (without the bridge's lines when the plugin carried the delays).
 
 use std::path::Path;
 
@@ -18,8 +18,15 @@ type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
 /// A quantile of the lateness panel: its name, colour, and where it is in a spread (µs).
 type Quantile = (&'static str, RGBColor, fn(&crate::Spread) -> i64);
 
-/// Draws the picture into `path`, titled `title`.
-pub fn draw(path: &Path, title: &str, due: &[DueMinute], cost: &[CostMinute]) -> Result<()> {
+/// Draws the picture into `path`, titled `title`; the bridge's CPU and RSS only when
+/// `bridged` (a bridge carried the delays).
+pub fn draw(
+    path: &Path,
+    title: &str,
+    due: &[DueMinute],
+    cost: &[CostMinute],
+    bridged: bool,
+) -> Result<()> {
     let fail = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
     let root = SVGBackend::new(path, (960, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
@@ -57,7 +64,7 @@ pub fn draw(path: &Path, title: &str, due: &[DueMinute], cost: &[CostMinute]) ->
         .map_err(|e| fail(&e))?;
     lines(chart, "ms", &lateness).map_err(|e| fail(&e))?;
 
-    let cpu = vec![
+    let mut cpu = vec![
         (
             "broker",
             RED,
@@ -73,6 +80,19 @@ pub fn draw(path: &Path, title: &str, due: &[DueMinute], cost: &[CostMinute]) ->
                 .collect(),
         ),
     ];
+    let mut rss = vec![(
+        "bridge RSS",
+        GREEN,
+        cost.iter()
+            .map(|c| (c.minute as f64, c.bridge_rss as f64 / (1024.0 * 1024.0)))
+            .collect(),
+    )];
+    let mut rss_caption = "bridge RSS at the end of each minute (MiB)";
+    if !bridged {
+        cpu.truncate(1);
+        rss.clear();
+        rss_caption = "no bridge: the plugin carried the delays";
+    }
     linear(
         &panels[1],
         "CPU per message published in the minute (us)",
@@ -82,21 +102,7 @@ pub fn draw(path: &Path, title: &str, due: &[DueMinute], cost: &[CostMinute]) ->
     )
     .map_err(|e| fail(&e))?;
 
-    let rss = vec![(
-        "bridge RSS",
-        GREEN,
-        cost.iter()
-            .map(|c| (c.minute as f64, c.bridge_rss as f64 / (1024.0 * 1024.0)))
-            .collect(),
-    )];
-    linear(
-        &panels[2],
-        "bridge RSS at the end of each minute (MiB)",
-        "MiB",
-        minutes,
-        &rss,
-    )
-    .map_err(|e| fail(&e))?;
+    linear(&panels[2], rss_caption, "MiB", minutes, &rss).map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
