@@ -563,10 +563,7 @@ fn report(
         layout.burst_size,
         format_duration(shape.burst_every),
     );
-    match via {
-        Via::Bridge { .. } => println!("bridge: {}", via.description()),
-        Via::Plugin { .. } => println!("plugin: {}", via.description()),
-    }
+    println!("{}: {}", via.label(), via.description());
     println!(
         "broker: {} ({})",
         base.url(),
@@ -604,7 +601,7 @@ fn report(
     );
     let rows = m.due.len().max(m.cost.len());
     // Nothing to read of a bridge when the plugin carries the delays.
-    let bridged = matches!(via, Via::Bridge { .. });
+    let bridged = via.is_bridge();
     for i in 0..rows {
         let due = m.due.get(i);
         let cost = m.cost.get(i);
@@ -675,9 +672,10 @@ fn report(
     if let Some(path) = &args.svg {
         let title = format!(
             "{} mixed soak: {} msg/s, {}, {}",
-            match via {
-                Via::Bridge { .. } => "delay-bridge",
-                Via::Plugin { .. } => "delayed-message plugin",
+            if bridged {
+                "delay-bridge"
+            } else {
+                "delayed-message plugin"
             },
             args.rate,
             format_duration(shape.duration),
@@ -720,7 +718,7 @@ fn report(
             o == Outcomes::default() && m.strays == 0,
         ),
     ];
-    if matches!(via, Via::Bridge { .. }) {
+    if bridged {
         targets.insert(
             2,
             Target::new(

@@ -46,6 +46,16 @@ impl Via {
         out
     }
 
+    /// True when a bridge carries the delays.
+    pub(super) fn is_bridge(&self) -> bool {
+        matches!(self, Via::Bridge { .. })
+    }
+
+    /// What carries the delays, in a word: `bridge` or `plugin`.
+    pub(super) fn label(&self) -> &'static str {
+        if self.is_bridge() { "bridge" } else { "plugin" }
+    }
+
     /// What carries the delays, for the report.
     pub(super) fn description(&self) -> String {
         match self {
