@@ -28,22 +28,16 @@ impl Via {
         size: usize,
         routing_key: &str,
     ) -> Outgoing {
-        let mut out = match self {
-            Via::Bridge { ingress } => due_at(ingress, seq, due_ms, size),
+        match self {
+            Via::Bridge { ingress } => Outgoing {
+                routing_key: routing_key.into(),
+                ..due_at(ingress, seq, due_ms, size)
+            },
             Via::Plugin { exchange } => {
-                let mut out = due_at(exchange, seq, due_ms, size);
-                let mut headers = lapin::types::FieldTable::default();
                 let delay_ms = due_ms.saturating_sub(now_ms());
-                headers.insert(
-                    "x-delay".into(),
-                    lapin::types::AMQPValue::LongLongInt(delay_ms as i64),
-                );
-                out.properties = out.properties.with_headers(headers);
-                out
+                crate::plugin::delayed(exchange, routing_key, seq, delay_ms, size)
             }
-        };
-        out.routing_key = routing_key.into();
-        out
+        }
     }
 
     /// True when a bridge carries the delays.
