@@ -331,6 +331,12 @@ impl TombstoneSet {
         inserted
     }
 
+    /// True when a tombstone for `message_id` is live, whichever copies it covers. Counts
+    /// nothing.
+    pub fn names(&self, message_id: &str) -> bool {
+        self.live.contains_key(message_id)
+    }
+
     /// True when the copy of `message_id` that entered at `entered_at` is cancelled. Counts
     /// the drop against the tombstone.
     pub fn cancels(&mut self, message_id: &str, entered_at: u64) -> bool {
@@ -454,6 +460,18 @@ mod tests {
         assert_eq!(gone(set.expire(4_000)), vec!["b"]);
         assert_eq!(gone(set.expire(6_000)), vec!["a"]);
         assert_eq!(gone(set.expire(101_000)), vec!["c"]);
+    }
+
+    #[test]
+    fn an_id_is_named_while_its_tombstone_lives_whichever_copies_it_covers() {
+        let mut set = TombstoneSet::new(10_000, 0);
+        set.insert(t("a", 1_000), 1_000);
+        assert!(set.names("a"));
+        assert!(!set.cancels("a", 1_001), "a reschedule's copy lives");
+        assert!(set.names("a"), "still named: it covers older copies");
+        assert!(!set.names("b"));
+        set.expire(11_000);
+        assert!(!set.names("a"), "gone with its tombstone");
     }
 
     #[test]

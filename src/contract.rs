@@ -108,6 +108,10 @@ pub mod header {
     /// On a bundle: how many messages it carries (see [`bundle`](super::bundle)). Read only
     /// on a delivery that came back through the work exchange.
     pub const BUNDLE: &str = "delay-bridge-bundle";
+    /// On a bundle passed on whole from one level to the next: the hops its messages made
+    /// in it that their own state (`delay-bridge-hops`) does not count yet (see
+    /// [`bundle`](super::bundle)). Read only on a bundle.
+    pub const BUNDLE_HOPS: &str = "delay-bridge-bundle-hops";
     /// On a copy travelling through the levels, when `bridge.state_key` is set: the
     /// HMAC-SHA256 (hex) of its bridge headers and body (see
     /// [`signature`](super::signature)).
@@ -119,7 +123,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -147,6 +151,7 @@ pub mod header {
         RAW_ROUTING_KEY,
         ORIGINAL_USER_ID,
         BUNDLE,
+        BUNDLE_HOPS,
         STATE_SIGNATURE,
         DELIVERY_COUNT,
         "x-death",

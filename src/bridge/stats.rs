@@ -79,6 +79,9 @@ counters! {
     /// Bundles published into level queues (confirmed): each carries the hops of one
     /// `bridge.hop_window` into one level (`bridge.bundle_hops`).
     bundles: counter "delay_bridge_bundles_total",
+    /// Bundles that came back from a level and were passed on whole into the next (every
+    /// message in them went there): counted in `bundles` too.
+    passed_whole: counter "delay_bridge_bundles_passed_whole_total",
     /// Messages published to their target (confirmed).
     delivered: counter "delay_bridge_delivered_total",
     /// Messages parked (confirmed); exported by reason as `delay_bridge_parked_total`.

@@ -10,6 +10,12 @@
 //! its hop's (the publisher's plus the bridge state headers), so a message read from a
 //! bundle is decoded exactly as a message that hopped alone.
 //!
+//! A bundle whose messages all go on to the same next level is passed on whole: its body
+//! travels again as it came, and its header [`super::header::BUNDLE_HOPS`] counts the hops
+//! its messages made since their state was last written (their `delay-bridge-hops` plus
+//! that is how many hops each made). A version that does not read that header counts
+//! fewer hops; the count is only reported, nothing is planned on it.
+//!
 //! Pure: no I/O.
 
 use amq_protocol::frame::WriteContext;
@@ -24,11 +30,11 @@ pub const FORMAT: u8 = 1;
 
 /// One message of a bundle, as it would have hopped alone.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Member {
+pub struct Member<'a> {
     /// Its hop's properties: the publisher's plus the bridge state headers.
     pub properties: BasicProperties,
-    /// Its body.
-    pub body: Vec<u8>,
+    /// Its body, in the bundle's.
+    pub body: &'a [u8],
 }
 
 /// The bytes one message takes in a bundle's body: its properties' length and bytes, then
@@ -59,14 +65,39 @@ pub fn bundle_body<'a>(members: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
 
 /// A bundle's properties: persistent, with the count of messages it carries.
 pub fn bundle_properties(count: usize) -> BasicProperties {
+    passed_on_properties(count, 0)
+}
+
+/// The properties of a bundle of `count` messages passed on whole, whose messages made
+/// `uncounted_hops` hops their own state does not count (none: [`bundle_properties`]).
+pub fn passed_on_properties(count: usize, uncounted_hops: u32) -> BasicProperties {
     let mut headers = FieldTable::default();
     headers.insert(
         ShortString::from(header::BUNDLE),
         AMQPValue::LongLongInt(i64::try_from(count).unwrap_or(i64::MAX)),
     );
+    if uncounted_hops > 0 {
+        headers.insert(
+            ShortString::from(header::BUNDLE_HOPS),
+            AMQPValue::LongLongInt(i64::from(uncounted_hops)),
+        );
+    }
     BasicProperties::default()
         .with_delivery_mode(PERSISTENT)
         .with_headers(headers)
+}
+
+/// The hops the messages of a bundle with these properties made that their own state does
+/// not count ([`super::header::BUNDLE_HOPS`]); 0 when the header is absent or not a
+/// non-negative integer, at most `u32::MAX`.
+pub fn uncounted_hops(properties: &BasicProperties) -> u32 {
+    properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(header::BUNDLE_HOPS))
+        .and_then(super::value::as_integer)
+        .and_then(|hops| u64::try_from(hops).ok())
+        .map_or(0, |hops| u32::try_from(hops).unwrap_or(u32::MAX))
 }
 
 /// True when a delivery with these properties is a bundle (it carries
@@ -93,7 +124,10 @@ pub fn count(properties: &BasicProperties) -> Option<u64> {
 
 /// The messages of a bundle whose properties are `properties` and whose body is `body`, or
 /// why it must be parked whole (`bad-state`: the count, the format or a length is wrong).
-pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Member>, Parked> {
+pub fn decode_bundle<'a>(
+    properties: &BasicProperties,
+    body: &'a [u8],
+) -> Result<Vec<Member<'a>>, Parked> {
     let count = count(properties)
         .ok_or_else(|| malformed(format!("header `{}` is not a count", header::BUNDLE)))?;
     let Some((&FORMAT, mut rest)) = body.split_first() else {
@@ -112,10 +146,7 @@ pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Me
             Ok(([], properties)) => properties,
             _ => return Err(malformed(format!("message {n}'s properties do not parse"))),
         };
-        members.push(Member {
-            properties,
-            body: body.to_vec(),
-        });
+        members.push(Member { properties, body });
         rest = after;
     }
     if members.len() as u64 != count {
@@ -125,6 +156,22 @@ pub fn decode_bundle(properties: &BasicProperties, body: &[u8]) -> Result<Vec<Me
         )));
     }
     Ok(members)
+}
+
+/// The bodies of the messages of a bundle's `body`, in order, without reading their
+/// properties; `None` when it is not a bundle's body (see [`decode_bundle`]).
+pub fn member_bodies(body: &[u8]) -> Option<Vec<&[u8]>> {
+    let (&FORMAT, mut rest) = body.split_first()? else {
+        return None;
+    };
+    let mut bodies = Vec::new();
+    while !rest.is_empty() {
+        let (_, after) = take_sized(rest)?;
+        let (body, after) = take_sized(after)?;
+        bodies.push(body);
+        rest = after;
+    }
+    Some(bodies)
 }
 
 /// A 32-bit big-endian length and that many bytes from the front of `bytes`, and the rest.
@@ -189,10 +236,15 @@ mod tests {
         assert_eq!(*bundle_props.delivery_mode(), Some(PERSISTENT));
         let read = decode_bundle(&bundle_props, &body).expect("reads");
         let expected: Vec<Member> = members
-            .into_iter()
-            .map(|(properties, body)| Member { properties, body })
+            .iter()
+            .map(|(properties, body)| Member {
+                properties: properties.clone(),
+                body,
+            })
             .collect();
         assert_eq!(read, expected);
+        let bodies: Vec<&[u8]> = members.iter().map(|(_, body)| body.as_slice()).collect();
+        assert_eq!(member_bodies(&body), Some(bodies), "the bodies alone");
     }
 
     #[test]
@@ -211,10 +263,19 @@ mod tests {
             let parked = decode_bundle(&props, &body[..cut]).expect_err("cut");
             assert_eq!(parked.reason, ParkReason::BadState, "cut at {cut}");
         }
+        for cut in 1..body.len() {
+            let whole = member_bodies(&body[..cut]);
+            assert!(
+                whole.is_none() || whole.is_some_and(|bodies| bodies.len() < 2),
+                "cut at {cut}"
+            );
+        }
         let mut other_format = body.clone();
         other_format[0] = 2;
         assert!(decode_bundle(&props, &other_format).is_err());
         assert!(decode_bundle(&props, &[]).is_err());
+        assert_eq!(member_bodies(&other_format), None);
+        assert_eq!(member_bodies(&[]), None);
         let wrong_count = bundle_properties(3);
         let parked = decode_bundle(&wrong_count, &body).expect_err("count");
         assert!(
@@ -226,6 +287,35 @@ mod tests {
         let parked = decode_bundle(&BasicProperties::default().with_headers(no_count), &body)
             .expect_err("count");
         assert!(parked.detail.contains("is not a count"), "{parked:?}");
+    }
+
+    #[test]
+    fn a_bundle_passed_on_whole_says_how_many_hops_its_messages_did_not_count() {
+        assert_eq!(uncounted_hops(&bundle_properties(2)), 0);
+        assert!(
+            !bundle_properties(2)
+                .headers()
+                .as_ref()
+                .is_some_and(|h| h.inner().contains_key(header::BUNDLE_HOPS)),
+            "a bundle of fresh hops carries no count"
+        );
+        let passed = passed_on_properties(2, 3);
+        assert_eq!(count(&passed), Some(2));
+        assert_eq!(*passed.delivery_mode(), Some(PERSISTENT));
+        assert_eq!(uncounted_hops(&passed), 3);
+        let with = |value: AMQPValue| {
+            let mut headers = FieldTable::default();
+            headers.insert(header::BUNDLE_HOPS.into(), value);
+            uncounted_hops(&BasicProperties::default().with_headers(headers))
+        };
+        assert_eq!(with(AMQPValue::ShortInt(4)), 4, "any integer type");
+        assert_eq!(with(AMQPValue::LongLongInt(-1)), 0, "negative");
+        assert_eq!(with(AMQPValue::LongString("2".into())), 0, "not an integer");
+        assert_eq!(
+            with(AMQPValue::LongLongInt(i64::MAX)),
+            u32::MAX,
+            "too large"
+        );
     }
 
     #[test]
@@ -252,7 +342,7 @@ mod tests {
             prop_assert_eq!(read.len(), members.len());
             for (member, (properties, body)) in read.iter().zip(&members) {
                 prop_assert_eq!(&member.properties, properties);
-                prop_assert_eq!(&member.body, body);
+                prop_assert_eq!(member.body, body.as_slice());
             }
         }
     }

@@ -277,6 +277,47 @@ async fn a_cancel_drops_one_message_of_a_bundle() {
     w.cleanup().await;
 }
 
+/// A burst due at one instant goes down the ladder in bundles passed on whole (every
+/// message of each goes on into the same level), and every hop is still counted in its
+/// message's state: the hop counts the parked copies carry (their target is unroutable)
+/// add up to the hops the bridge made. Reading the bodies out and bundling them again
+/// would count them as well, but cost the bridge each message's properties twice a hop.
+#[tokio::test]
+async fn bundles_whose_messages_go_on_together_pass_whole_and_every_hop_counts() {
+    const N: usize = 40;
+    let mut w = bundling_world("bundles-whole").await;
+    let stats = w.stats();
+    let deliver_at = now_ms() + 3_800;
+    for i in 0..N {
+        w.publish(
+            &format!("unbound.{i}"),
+            format!("body-{i}").as_bytes(),
+            properties(i, deliver_at),
+        )
+        .await;
+    }
+    let mut hops_carried = 0;
+    for _ in 0..N {
+        let parked = w.parked_within(15 * SEC).await;
+        assert_eq!(
+            parked.header(header::REASON),
+            Some(&text("unroutable")),
+            "{parked:?}"
+        );
+        let hops = match parked.header(header::STATE_HOPS) {
+            Some(AMQPValue::LongLongInt(hops)) => *hops,
+            other => panic!("no hop count: {other:?}"),
+        };
+        assert!(hops >= 2, "down the ladder in hops: {hops}");
+        hops_carried += hops as u64;
+    }
+    let counts = stats.snapshot();
+    assert!(counts.passed_whole >= 1, "passed on whole: {counts:?}");
+    assert_eq!(hops_carried, counts.hops, "every hop counted: {counts:?}");
+    w.assert_quiet(SEC).await;
+    w.cleanup().await;
+}
+
 /// A bundle of small messages costs the bridge far more memory than its body: the byte
 /// budget (`bridge.max_unacked_bytes`) counts 1 KiB for each message a bundle carries
 /// besides the body, so a burst of bundles cannot hold many times the budget decoded.

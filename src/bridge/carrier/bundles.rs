@@ -22,10 +22,11 @@ use std::time::Duration;
 use lapin::types::ShortString;
 use tokio::sync::oneshot;
 
+use super::planner::{self, Decision, Situation};
 use super::{Attempt, Carrier, Decoded, Destination, Outcome, Settled, Undecodable};
 use crate::amqp::wire::Delivery;
 use crate::bridge::BridgeError;
-use crate::bridge::inlet::Tag;
+use crate::bridge::inlet::{Inlet, Tag};
 use crate::bridge::turns::Lane;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle::{self, Member};
@@ -95,14 +96,25 @@ impl Filling {
 /// parked whole (it could not be read).
 pub(in crate::bridge) type PreparedBundle = Result<Bundle, Box<Undecodable>>;
 
+/// A message of a bundle as it was read: decoded, or why it is parked.
+type Read = Result<Decoded, Box<Undecodable>>;
+
 /// The messages of a bundle that came back.
 pub(in crate::bridge) struct Bundle {
     /// Its delivery.
     tag: Tag,
     /// The routing key it came back with (its level's name).
     routing_key: ShortString,
-    /// Each message decoded, or why it is parked.
-    messages: Vec<Result<Decoded, Box<Undecodable>>>,
+    /// Each message decoded, or why it is parked; with `whole`, decoded without its body
+    /// (the bodies stay in `whole`, so the bridge holds each once).
+    messages: Vec<Read>,
+    /// The body as it came, kept when the bundle came back from a level and all its
+    /// messages were going on into one level as it was read: passed on whole if they still
+    /// are when it is carried.
+    whole: Option<Vec<u8>>,
+    /// The hops its messages made that their own state does not count
+    /// (`contract::bundle::uncounted_hops`); already added to each envelope's `hops`.
+    uncounted_hops: u32,
 }
 
 /// `items` in order, cut into runs whose `size`s add up to at most `max` (an item larger
@@ -169,13 +181,7 @@ impl Carrier {
             }
             return;
         }
-        // Level zero is the returns queue, through the work exchange.
-        let names = &self.shared.config.names;
-        let (exchange, queue) = if key.0.is_zero() {
-            (self.shared.work_exchange.as_str(), names.returns_queue())
-        } else {
-            ("", names.level_queue(key.0))
-        };
+        let (exchange, queue) = self.level_route(key.0);
         let bundles = split_by_size(waiting, |w| w.member.len(), MAX_BUNDLE_BYTES);
         futures::future::join_all(
             bundles
@@ -183,6 +189,17 @@ impl Carrier {
                 .map(|messages| self.publish_bundle(tag, exchange, &queue, messages)),
         )
         .await;
+    }
+
+    /// The exchange and the queue a bundle into `level` goes through: a level queue through
+    /// the default exchange, and level zero, the returns queue, through the work exchange.
+    fn level_route(&self, level: Duration) -> (&str, String) {
+        let names = &self.shared.config.names;
+        if level.is_zero() {
+            (self.shared.work_exchange.as_str(), names.returns_queue())
+        } else {
+            ("", names.level_queue(level))
+        }
     }
 
     /// Publishes `messages` as one bundle through `exchange` into `queue` (a level queue
@@ -255,6 +272,7 @@ impl Carrier {
             }
         };
         let too_often = self.redelivered_too_often(&properties, redeliveries);
+        let uncounted_hops = bundle::uncounted_hops(&properties);
         // Back from the returns queue (level zero): its messages wait out their last
         // moments here; back from a level, they move there first.
         let waits_here = routing_key.as_str() == self.shared.config.names.returns_queue();
@@ -262,22 +280,26 @@ impl Carrier {
         // lane, and each message due after them in the same bundle as a lane of its own,
         // so it waits for a turn of the burst, not behind all of it.
         let mut lanes: HashMap<u64, Lane> = HashMap::new();
-        let messages = members
+        let mut bodies = Vec::with_capacity(members.len());
+        let mut messages: Vec<Read> = members
             .into_iter()
             .map(|Member { properties, body }| {
+                bodies.push(body);
                 let decoded = match &too_often {
                     Some(parked) => Err(parked.clone()),
                     None => self.decode(&exchange, &routing_key, &properties),
                 };
                 match decoded {
-                    Ok(envelope) => {
+                    Ok(mut envelope) => {
+                        envelope.hops = envelope.hops.saturating_add(uncounted_hops);
                         let lane = lanes
                             .entry(envelope.deliver_at)
                             .or_insert_with(|| self.lanes.open())
                             .join();
                         Ok(Decoded {
                             tag,
-                            body,
+                            // Filled below unless the bundle is kept whole.
+                            body: Vec::new(),
                             envelope,
                             read_at,
                             waits_here,
@@ -287,7 +309,7 @@ impl Carrier {
                     }
                     Err(parked) => Err(Box::new(Undecodable {
                         tag,
-                        body,
+                        body: body.to_vec(),
                         routing_key: routing_key.clone(),
                         consumed: properties,
                         parked,
@@ -295,11 +317,111 @@ impl Carrier {
                 }
             })
             .collect();
+        let whole = if !waits_here && self.one_next_level(&messages).is_some() {
+            drop(bodies);
+            Some(data)
+        } else {
+            for (message, body) in messages.iter_mut().zip(bodies) {
+                if let Ok(decoded) = message {
+                    decoded.body = body.to_vec();
+                }
+            }
+            None
+        };
         Ok(Bundle {
             tag,
             routing_key,
             messages,
+            whole,
+            uncounted_hops,
         })
+    }
+
+    /// The one level and window all `messages` of a bundle back from a level go on to now,
+    /// if they do: each decoded, none a recurring occurrence nor named by a cancel (those
+    /// are settled one by one), and hops travel in bundles.
+    fn one_next_level(&self, messages: &[Read]) -> Option<(Duration, u64)> {
+        if self.shared.stats.bundling.load(Ordering::Relaxed) != 1 {
+            return None;
+        }
+        let rules = self.rules();
+        let now_ms = now_ms();
+        let tombstones = self.shared.tombstones.lock().expect("tombstone lock");
+        let mut next = None;
+        for message in messages {
+            let decoded = message.as_ref().ok()?;
+            let envelope = &decoded.envelope;
+            let named = envelope
+                .properties
+                .message_id
+                .as_ref()
+                .is_some_and(|id| tombstones.names(id.as_str()));
+            if named || envelope.occurrence.is_some() {
+                return None;
+            }
+            let situation = Situation {
+                now_ms,
+                deliver_at: envelope.deliver_at,
+                bundled: true,
+                in_window: rules.hop_window.is_zero(),
+                waits_here: decoded.waits_here,
+                from_work: decoded.tag.inlet == Inlet::Work,
+            };
+            let Decision::Bundle { level, leaves_at } = planner::decide(&situation, &rules) else {
+                return None;
+            };
+            match next {
+                None => next = Some((level, leaves_at)),
+                Some(same) if same == (level, leaves_at) => {}
+                Some(_) => return None,
+            }
+        }
+        next
+    }
+
+    /// Passes a bundle kept whole on into the one level all its messages go to, when they
+    /// still do: its body as it came, its hop counted on the bundle. `None` when it must be
+    /// carried message by message instead (they go apart now, or the level refused it).
+    async fn pass_whole(&self, bundle: &Bundle, body: &[u8]) -> Option<Outcome> {
+        let (level, leaves_at) = self.one_next_level(&bundle.messages)?;
+        tokio::select! {
+            _ = tokio::time::sleep(until_epoch_ms(leaves_at)) => {}
+            _ = self.stop.cancelled() => return Some(Outcome::Release),
+        }
+        let (exchange, queue) = self.level_route(level);
+        let count = bundle.messages.len();
+        let properties =
+            bundle::passed_on_properties(count, bundle.uncounted_hops.saturating_add(1));
+        let attempt = Attempt {
+            tag: bundle.tag,
+            destination: Destination::Own(&queue),
+            exchange: ShortString::from(exchange),
+            routing_key: ShortString::from(queue.as_str()),
+            body,
+            properties: self.signed(properties, body),
+            lane: None,
+        };
+        match self.publish_until_settled(attempt).await {
+            Settled::Routed => {
+                let stats = &self.shared.stats;
+                stats.bundles.fetch_add(1, Ordering::Relaxed);
+                stats.passed_whole.fetch_add(1, Ordering::Relaxed);
+                stats.hops.fetch_add(count as u64, Ordering::Relaxed);
+                tracing::trace!(queue, messages = count, "bundle passed on whole");
+                Some(Outcome::Done)
+            }
+            Settled::Park(refused) => {
+                tracing::warn!(
+                    queue,
+                    messages = count,
+                    reason = refused.reason.as_str(),
+                    "a level refused a bundle passed on whole: its messages go on one by one"
+                );
+                None
+            }
+            Settled::Release => Some(Outcome::Release),
+            Settled::Failed(error) => Some(Outcome::Failed(error)),
+        }
     }
 
     /// Carries every message of a bundle at once; done when all are.
@@ -317,18 +439,33 @@ impl Carrier {
                 .await;
             }
         };
-        let outcomes = futures::future::join_all(
-            bundle
-                .messages
-                .iter()
-                .map(|message| self.carry_prepared(message)),
-        )
+        if let Some(whole) = &bundle.whole
+            && let Some(outcome) = self.pass_whole(bundle, whole).await
+        {
+            return outcome;
+        }
+        let bodies: Vec<&[u8]> = match &bundle.whole {
+            // It was read as a bundle, so its bodies read again; should they not, it goes back.
+            Some(whole) => match bundle::member_bodies(whole) {
+                Some(bodies) if bodies.len() == bundle.messages.len() => bodies,
+                _ => return Outcome::Release,
+            },
+            None => bundle.messages.iter().map(message_body).collect(),
+        };
+        let outcomes = futures::future::join_all(bundle.messages.iter().zip(&bodies).map(
+            |(message, body)| async move {
+                match message {
+                    Ok(decoded) => self.carry(decoded, body).await,
+                    Err(_) => self.carry_prepared(message).await,
+                }
+            },
+        ))
         .await;
         let mut released = Vec::new();
-        for (message, outcome) in bundle.messages.iter().zip(outcomes) {
+        for ((message, body), outcome) in bundle.messages.iter().zip(bodies).zip(outcomes) {
             match outcome {
                 Outcome::Done => {}
-                Outcome::Release => released.push(message),
+                Outcome::Release => released.push((message, body)),
                 Outcome::Failed(error) => return Outcome::Failed(error),
             }
         }
@@ -341,17 +478,11 @@ impl Carrier {
     /// Sends the messages of `bundle` a stop released on through the work exchange, as a
     /// bundle of their own: once that is confirmed, the bundle's delivery is done and none
     /// of its settled messages comes again.
-    async fn pass_on(
-        &self,
-        bundle: &Bundle,
-        released: &[&Result<Decoded, Box<Undecodable>>],
-    ) -> Outcome {
+    async fn pass_on(&self, bundle: &Bundle, released: &[(&Read, &[u8])]) -> Outcome {
         let members: Option<Vec<Vec<u8>>> = released
             .iter()
-            .map(|message| match message {
-                Ok(decoded) => {
-                    bundle::encode_member(&consumed_properties(&decoded.envelope), &decoded.body)
-                }
+            .map(|(message, body)| match message {
+                Ok(decoded) => bundle::encode_member(&consumed_properties(&decoded.envelope), body),
                 Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
             })
             .collect();
@@ -380,6 +511,14 @@ impl Carrier {
             Settled::Park(_) | Settled::Release => Outcome::Release,
             Settled::Failed(error) => Outcome::Failed(error),
         }
+    }
+}
+
+/// The body a message of a bundle not kept whole was decoded with.
+fn message_body(message: &Read) -> &[u8] {
+    match message {
+        Ok(decoded) => &decoded.body,
+        Err(undecodable) => &undecodable.body,
     }
 }
 
