@@ -112,6 +112,11 @@ pub mod header {
     /// in it that their own state (`delay-bridge-hops`) does not count yet (see
     /// [`bundle`](super::bundle)). Read only on a bundle.
     pub const BUNDLE_HOPS: &str = "delay-bridge-bundle-hops";
+    /// On a bundle none of whose messages is a recurring occurrence: the earliest due time
+    /// of its messages, epoch ms (see [`bundle`](super::bundle)). Read only on a bundle.
+    pub const BUNDLE_FIRST_DUE: &str = "delay-bridge-bundle-first-due";
+    /// With [`BUNDLE_FIRST_DUE`]: the latest due time of its messages, epoch ms.
+    pub const BUNDLE_LAST_DUE: &str = "delay-bridge-bundle-last-due";
     /// On a copy travelling through the levels, when `bridge.state_key` is set: the
     /// HMAC-SHA256 (hex) of its bridge headers and body (see
     /// [`signature`](super::signature)).
@@ -123,7 +128,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 32] = [
+    pub const ALL: [&str; 34] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -152,6 +157,8 @@ pub mod header {
         ORIGINAL_USER_ID,
         BUNDLE,
         BUNDLE_HOPS,
+        BUNDLE_FIRST_DUE,
+        BUNDLE_LAST_DUE,
         STATE_SIGNATURE,
         DELIVERY_COUNT,
         "x-death",

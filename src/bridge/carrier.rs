@@ -78,7 +78,6 @@ pub(super) struct Carrier {
 /// A decoded delivery on its way to its target.
 struct Decoded {
     tag: Tag,
-    /// Its body; empty for a message of a bundle kept whole (its body is in the bundle's).
     body: Vec<u8>,
     envelope: Envelope,
     /// When the bridge read it, epoch ms (for the delivered log line).
@@ -308,7 +307,7 @@ impl Carrier {
     /// Carries one decoded delivery, or parks one that could not be decoded.
     async fn carry_prepared(&self, prepared: &Result<Decoded, Box<Undecodable>>) -> Outcome {
         match prepared {
-            Ok(decoded) => self.carry(decoded, &decoded.body).await,
+            Ok(decoded) => self.carry(decoded).await,
             Err(undecodable) => {
                 Box::pin(self.park(
                     undecodable.tag,
@@ -379,18 +378,18 @@ impl Carrier {
         }
     }
 
-    /// Hops, holds and delivers a decoded message with its `body` until a replacement is
-    /// confirmed, as [`planner::decide`] says at each step.
-    async fn carry(&self, moving: &Decoded, body: &[u8]) -> Outcome {
+    /// Hops, holds and delivers a decoded message until a replacement is confirmed, as
+    /// [`planner::decide`] says at each step.
+    async fn carry(&self, moving: &Decoded) -> Outcome {
         let config = &self.shared.config;
         let Decoded {
             tag,
+            body,
             envelope,
             read_at,
             waits_here,
             lane,
             taken_in,
-            ..
         } = moving;
         // A recurring schedule taken in replaces whatever its id named before.
         if *taken_in && envelope.occurrence.is_some() {

@@ -10,11 +10,15 @@
 //! its hop's (the publisher's plus the bridge state headers), so a message read from a
 //! bundle is decoded exactly as a message that hopped alone.
 //!
-//! A bundle whose messages all go on to the same next level is passed on whole: its body
-//! travels again as it came, and its header [`super::header::BUNDLE_HOPS`] counts the hops
-//! its messages made since their state was last written (their `delay-bridge-hops` plus
-//! that is how many hops each made). A version that does not read that header counts
-//! fewer hops; the count is only reported, nothing is planned on it.
+//! A bundle none of whose messages is a recurring occurrence says in its header when the
+//! first and the last of them are due ([`super::header::BUNDLE_FIRST_DUE`],
+//! [`super::header::BUNDLE_LAST_DUE`]): when both go on into the same next level, every
+//! message between does, and the bundle is passed on whole without its messages being
+//! read. Its body travels again as it came, and its header [`super::header::BUNDLE_HOPS`]
+//! counts the hops its messages made since their state was last written (their
+//! `delay-bridge-hops` plus that is how many hops each made). A version that does not read
+//! these headers reads every bundle message by message and counts fewer hops; the count is
+//! only reported, nothing is planned on it.
 //!
 //! Pure: no I/O.
 
@@ -63,23 +67,60 @@ pub fn bundle_body<'a>(members: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     body
 }
 
-/// A bundle's properties: persistent, with the count of messages it carries.
-pub fn bundle_properties(count: usize) -> BasicProperties {
-    passed_on_properties(count, 0)
+/// What a bundle's header says of its messages besides their count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The hops they made that their own state does not count
+    /// ([`super::header::BUNDLE_HOPS`]).
+    pub uncounted_hops: u32,
+    /// When the first and the last of them are due, epoch ms, when none is a recurring
+    /// occurrence ([`super::header::BUNDLE_FIRST_DUE`], [`super::header::BUNDLE_LAST_DUE`]).
+    pub due: Option<(u64, u64)>,
 }
 
-/// The properties of a bundle of `count` messages passed on whole, whose messages made
-/// `uncounted_hops` hops their own state does not count (none: [`bundle_properties`]).
-pub fn passed_on_properties(count: usize, uncounted_hops: u32) -> BasicProperties {
+impl Summary {
+    /// The summary of messages due at `due` (epoch ms; `None` for a recurring occurrence)
+    /// whose state counts every hop they made: `due` is left out when one is `None` or
+    /// there are none.
+    pub fn of(due: impl IntoIterator<Item = Option<u64>>) -> Self {
+        let mut range: Option<(u64, u64)> = None;
+        for at in due {
+            let Some(at) = at else {
+                return Self::default();
+            };
+            range = Some(range.map_or((at, at), |(first, last)| (first.min(at), last.max(at))));
+        }
+        Self {
+            uncounted_hops: 0,
+            due: range,
+        }
+    }
+}
+
+/// A bundle's properties: persistent, with the count of messages it carries.
+pub fn bundle_properties(count: usize) -> BasicProperties {
+    summarised_properties(count, &Summary::default())
+}
+
+/// A bundle's properties: persistent, with the count of messages it carries and what
+/// `summary` says of them.
+pub fn summarised_properties(count: usize, summary: &Summary) -> BasicProperties {
     let mut headers = FieldTable::default();
-    headers.insert(
-        ShortString::from(header::BUNDLE),
-        AMQPValue::LongLongInt(i64::try_from(count).unwrap_or(i64::MAX)),
-    );
-    if uncounted_hops > 0 {
-        headers.insert(
-            ShortString::from(header::BUNDLE_HOPS),
-            AMQPValue::LongLongInt(i64::from(uncounted_hops)),
+    let mut set = |name: &str, value: i64| {
+        headers.insert(ShortString::from(name), AMQPValue::LongLongInt(value));
+    };
+    set(header::BUNDLE, i64::try_from(count).unwrap_or(i64::MAX));
+    if summary.uncounted_hops > 0 {
+        set(header::BUNDLE_HOPS, i64::from(summary.uncounted_hops));
+    }
+    if let Some((first, last)) = summary.due {
+        set(
+            header::BUNDLE_FIRST_DUE,
+            i64::try_from(first).unwrap_or(i64::MAX),
+        );
+        set(
+            header::BUNDLE_LAST_DUE,
+            i64::try_from(last).unwrap_or(i64::MAX),
         );
     }
     BasicProperties::default()
@@ -87,17 +128,30 @@ pub fn passed_on_properties(count: usize, uncounted_hops: u32) -> BasicPropertie
         .with_headers(headers)
 }
 
-/// The hops the messages of a bundle with these properties made that their own state does
-/// not count ([`super::header::BUNDLE_HOPS`]); 0 when the header is absent or not a
-/// non-negative integer, at most `u32::MAX`.
-pub fn uncounted_hops(properties: &BasicProperties) -> u32 {
-    properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(header::BUNDLE_HOPS))
-        .and_then(super::value::as_integer)
-        .and_then(|hops| u64::try_from(hops).ok())
-        .map_or(0, |hops| u32::try_from(hops).unwrap_or(u32::MAX))
+/// What the header of a bundle with these properties says of its messages: a header that
+/// is absent or not a non-negative integer says nothing (no uncounted hops; no due times,
+/// also when the first is after the last); the hops are at most `u32::MAX`.
+pub fn summary(properties: &BasicProperties) -> Summary {
+    let headers = properties.headers();
+    let read = |name: &str| {
+        headers
+            .as_ref()
+            .and_then(|h| h.inner().get(name))
+            .and_then(super::value::as_integer)
+            .and_then(|value| u64::try_from(value).ok())
+    };
+    let due = match (
+        read(header::BUNDLE_FIRST_DUE),
+        read(header::BUNDLE_LAST_DUE),
+    ) {
+        (Some(first), Some(last)) if first <= last => Some((first, last)),
+        _ => None,
+    };
+    Summary {
+        uncounted_hops: read(header::BUNDLE_HOPS)
+            .map_or(0, |hops| u32::try_from(hops).unwrap_or(u32::MAX)),
+        due,
+    }
 }
 
 /// True when a delivery with these properties is a bundle (it carries
@@ -172,6 +226,75 @@ pub fn member_bodies(body: &[u8]) -> Option<Vec<&[u8]>> {
         rest = after;
     }
     Some(bodies)
+}
+
+/// The `message_id` of each message in a bundle's `body`, in order (`None` for one without),
+/// read from their property bytes without parsing the rest; `None` when it is not a
+/// bundle's body or a message's properties are cut short.
+pub fn member_message_ids(body: &[u8]) -> Option<Vec<Option<&[u8]>>> {
+    let (&FORMAT, mut rest) = body.split_first()? else {
+        return None;
+    };
+    let mut ids = Vec::new();
+    while !rest.is_empty() {
+        let (properties, after) = take_sized(rest)?;
+        let (_, after) = take_sized(after)?;
+        ids.push(message_id(properties)?);
+        rest = after;
+    }
+    Some(ids)
+}
+
+/// How the properties before `message_id` in a content header are skipped, in their order
+/// there, each with its flag bit.
+enum Skip {
+    /// A short string: a length byte, then that many bytes.
+    ShortString,
+    /// A table: a 32-bit big-endian length, then that many bytes.
+    Table,
+    /// One octet.
+    Octet,
+}
+
+/// The properties before `message_id`, in order, with their flag bits.
+const BEFORE_MESSAGE_ID: [(u16, Skip); 8] = [
+    (1 << 15, Skip::ShortString), // content-type
+    (1 << 14, Skip::ShortString), // content-encoding
+    (1 << 13, Skip::Table),       // headers
+    (1 << 12, Skip::Octet),       // delivery-mode
+    (1 << 11, Skip::Octet),       // priority
+    (1 << 10, Skip::ShortString), // correlation-id
+    (1 << 9, Skip::ShortString),  // reply-to
+    (1 << 8, Skip::ShortString),  // expiration
+];
+
+/// The flag bit of `message_id`.
+const MESSAGE_ID: u16 = 1 << 7;
+
+/// The `message_id` in a content header's property bytes (16 bits of flags, then the
+/// properties the flags name, in order), skipping the ones before it by their lengths.
+fn message_id(properties: &[u8]) -> Option<Option<&[u8]>> {
+    let (flags, mut rest) = properties.split_first_chunk::<2>()?;
+    let flags = u16::from_be_bytes(*flags);
+    for (flag, skip) in &BEFORE_MESSAGE_ID {
+        if flags & flag == 0 {
+            continue;
+        }
+        let len = match skip {
+            Skip::ShortString => 1 + usize::from(*rest.first()?),
+            Skip::Table => {
+                let (len, _) = rest.split_first_chunk::<4>()?;
+                4 + usize::try_from(u32::from_be_bytes(*len)).ok()?
+            }
+            Skip::Octet => 1,
+        };
+        rest = rest.get(len..)?;
+    }
+    if flags & MESSAGE_ID == 0 {
+        return Some(None);
+    }
+    let len = usize::from(*rest.first()?);
+    rest.get(1..1 + len).map(Some)
 }
 
 /// A 32-bit big-endian length and that many bytes from the front of `bytes`, and the rest.
@@ -290,32 +413,101 @@ mod tests {
     }
 
     #[test]
-    fn a_bundle_passed_on_whole_says_how_many_hops_its_messages_did_not_count() {
-        assert_eq!(uncounted_hops(&bundle_properties(2)), 0);
-        assert!(
-            !bundle_properties(2)
-                .headers()
-                .as_ref()
-                .is_some_and(|h| h.inner().contains_key(header::BUNDLE_HOPS)),
-            "a bundle of fresh hops carries no count"
+    fn a_summary_goes_out_and_comes_back_with_the_bundle() {
+        assert_eq!(summary(&bundle_properties(2)), Summary::default());
+        let plain = bundle_properties(2);
+        let names = plain.headers().as_ref().unwrap().inner();
+        assert_eq!(
+            names.len(),
+            1,
+            "a bundle with nothing to say has its count only"
         );
-        let passed = passed_on_properties(2, 3);
+        let said = Summary {
+            uncounted_hops: 3,
+            due: Some((1_000, 2_500)),
+        };
+        let passed = summarised_properties(2, &said);
         assert_eq!(count(&passed), Some(2));
         assert_eq!(*passed.delivery_mode(), Some(PERSISTENT));
-        assert_eq!(uncounted_hops(&passed), 3);
-        let with = |value: AMQPValue| {
-            let mut headers = FieldTable::default();
-            headers.insert(header::BUNDLE_HOPS.into(), value);
-            uncounted_hops(&BasicProperties::default().with_headers(headers))
-        };
-        assert_eq!(with(AMQPValue::ShortInt(4)), 4, "any integer type");
-        assert_eq!(with(AMQPValue::LongLongInt(-1)), 0, "negative");
-        assert_eq!(with(AMQPValue::LongString("2".into())), 0, "not an integer");
+        assert_eq!(summary(&passed), said);
+    }
+
+    #[test]
+    fn a_summary_covers_every_due_time_unless_one_is_an_occurrence() {
+        assert_eq!(Summary::of([]).due, None);
+        assert_eq!(Summary::of([Some(5)]).due, Some((5, 5)));
         assert_eq!(
-            with(AMQPValue::LongLongInt(i64::MAX)),
+            Summary::of([Some(7), Some(3), Some(9), Some(4)]).due,
+            Some((3, 9))
+        );
+        assert_eq!(Summary::of([Some(7), None, Some(3)]), Summary::default());
+    }
+
+    #[test]
+    fn a_header_that_is_no_count_says_nothing() {
+        let with = |entries: Vec<(&str, AMQPValue)>| {
+            let mut headers = FieldTable::default();
+            for (name, value) in entries {
+                headers.insert(name.into(), value);
+            }
+            summary(&BasicProperties::default().with_headers(headers))
+        };
+        let hops = |value| with(vec![(header::BUNDLE_HOPS, value)]).uncounted_hops;
+        assert_eq!(hops(AMQPValue::ShortInt(4)), 4, "any integer type");
+        assert_eq!(hops(AMQPValue::LongLongInt(-1)), 0, "negative");
+        assert_eq!(hops(AMQPValue::LongString("2".into())), 0, "not an integer");
+        assert_eq!(
+            hops(AMQPValue::LongLongInt(i64::MAX)),
             u32::MAX,
             "too large"
         );
+        let due = |first, last| {
+            with(vec![
+                (header::BUNDLE_FIRST_DUE, first),
+                (header::BUNDLE_LAST_DUE, last),
+            ])
+            .due
+        };
+        let int = AMQPValue::LongLongInt;
+        assert_eq!(due(int(1), int(2)), Some((1, 2)));
+        assert_eq!(due(int(2), int(1)), None, "first after last");
+        assert_eq!(due(int(-1), int(2)), None, "negative");
+        assert_eq!(due(int(1), AMQPValue::LongString("2".into())), None);
+        assert_eq!(with(vec![(header::BUNDLE_FIRST_DUE, int(1))]).due, None);
+    }
+
+    #[test]
+    fn message_ids_are_read_from_the_property_bytes_of_each_message() {
+        let (_, body) = bundle(&[
+            (properties("one"), b"first".to_vec()),
+            (BasicProperties::default(), Vec::new()),
+            (
+                BasicProperties::default()
+                    .with_content_type("text/plain".into())
+                    .with_content_encoding("gzip".into())
+                    .with_delivery_mode(2)
+                    .with_correlation_id("c".into())
+                    .with_reply_to("r".into())
+                    .with_expiration("60000".into())
+                    .with_message_id("three".into())
+                    .with_app_id("app".into()),
+                b"third".to_vec(),
+            ),
+        ]);
+        let ids = member_message_ids(&body).expect("reads");
+        assert_eq!(
+            ids,
+            vec![Some(&b"one"[..]), None, Some(&b"three"[..])],
+            "in order, none for a message without"
+        );
+        for cut in 1..body.len() {
+            let ids = member_message_ids(&body[..cut]);
+            assert!(
+                ids.is_none() || ids.is_some_and(|ids| ids.len() < 3),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(member_message_ids(&[]), None);
     }
 
     #[test]
@@ -340,6 +532,11 @@ mod tests {
             let (props, body) = bundle(&members);
             let read = decode_bundle(&props, &body).expect("reads");
             prop_assert_eq!(read.len(), members.len());
+            let ids = member_message_ids(&body).expect("ids");
+            for (id, (properties, _)) in ids.iter().zip(&members) {
+                let expected = properties.message_id().as_ref().map(|id| id.as_str().as_bytes());
+                prop_assert_eq!(*id, expected);
+            }
             for (member, (properties, body)) in read.iter().zip(&members) {
                 prop_assert_eq!(&member.properties, properties);
                 prop_assert_eq!(member.body, body.as_slice());

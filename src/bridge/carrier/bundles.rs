@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use lapin::BasicProperties;
 use lapin::types::ShortString;
 use tokio::sync::oneshot;
 
@@ -29,8 +30,8 @@ use crate::bridge::BridgeError;
 use crate::bridge::inlet::{Inlet, Tag};
 use crate::bridge::turns::Lane;
 use crate::clock::{now_ms, until_epoch_ms};
-use crate::contract::bundle::{self, Member};
-use crate::contract::{Envelope, consumed_properties, hop_properties};
+use crate::contract::bundle::{self, Member, Summary};
+use crate::contract::{Envelope, Parked, consumed_properties, hop_properties};
 
 /// A message that takes more than this in a bundle (body and properties) hops alone: a
 /// bundle must never be refused for a size its messages would pass alone.
@@ -59,6 +60,8 @@ enum Answer {
 struct Waiting {
     /// Its bytes in the bundle's body.
     member: Vec<u8>,
+    /// When it is due, epoch ms; `None` for a recurring occurrence (see `Summary::of`).
+    due: Option<u64>,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -74,11 +77,20 @@ pub(in crate::bridge) struct Filling {
 impl Filling {
     /// Adds a message to its group: how its bundle is settled, and whether it is the
     /// group's first (its leader).
-    fn join(&self, key: GroupKey, member: Vec<u8>) -> (oneshot::Receiver<Answer>, bool) {
+    fn join(
+        &self,
+        key: GroupKey,
+        member: Vec<u8>,
+        due: Option<u64>,
+    ) -> (oneshot::Receiver<Answer>, bool) {
         let (answer, answered) = oneshot::channel();
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         let group = groups.entry(key).or_default();
-        group.push(Waiting { member, answer });
+        group.push(Waiting {
+            member,
+            due,
+            answer,
+        });
         (answered, group.len() == 1)
     }
 
@@ -92,9 +104,16 @@ impl Filling {
     }
 }
 
-/// A bundle that came back: its messages ready to be carried, or the bundle itself to be
-/// parked whole (it could not be read).
-pub(in crate::bridge) type PreparedBundle = Result<Bundle, Box<Undecodable>>;
+/// A bundle that came back, ready to be carried.
+pub(in crate::bridge) enum PreparedBundle {
+    /// Its messages, read one by one.
+    Read(Bundle),
+    /// Back from a level with all its messages going on into one level: kept as it came, to
+    /// be passed on whole.
+    Sealed(Box<Sealed>),
+    /// It could not be read: parked whole.
+    Unreadable(Box<Undecodable>),
+}
 
 /// A message of a bundle as it was read: decoded, or why it is parked.
 type Read = Result<Decoded, Box<Undecodable>>;
@@ -105,16 +124,27 @@ pub(in crate::bridge) struct Bundle {
     tag: Tag,
     /// The routing key it came back with (its level's name).
     routing_key: ShortString,
-    /// Each message decoded, or why it is parked; with `whole`, decoded without its body
-    /// (the bodies stay in `whole`, so the bridge holds each once).
+    /// Each message decoded, or why it is parked.
     messages: Vec<Read>,
-    /// The body as it came, kept when the bundle came back from a level and all its
-    /// messages were going on into one level as it was read: passed on whole if they still
-    /// are when it is carried.
-    whole: Option<Vec<u8>>,
-    /// The hops its messages made that their own state does not count
-    /// (`contract::bundle::uncounted_hops`); already added to each envelope's `hops`.
-    uncounted_hops: u32,
+}
+
+/// A bundle kept as it came (see [`PreparedBundle::Sealed`]): read only should its messages
+/// go apart after all.
+pub(in crate::bridge) struct Sealed {
+    /// Its delivery.
+    tag: Tag,
+    /// The exchange it came back through (the work exchange).
+    exchange: ShortString,
+    /// The routing key it came back with (its level's name).
+    routing_key: ShortString,
+    /// Its properties as consumed.
+    properties: BasicProperties,
+    /// Its body as consumed.
+    body: Vec<u8>,
+    /// How many messages it carries.
+    count: usize,
+    /// What its header says of them.
+    summary: Summary,
 }
 
 /// `items` in order, cut into runs whose `size`s add up to at most `max` (an item larger
@@ -151,7 +181,8 @@ impl Carrier {
         let member = bundle::encode_member(&hop_properties(envelope), body)
             .filter(|member| member.len() <= MAX_MEMBER_BYTES)?;
         let key = (level, leaves_at);
-        let (answered, leads) = self.bundles.join(key, member);
+        let due = envelope.occurrence.is_none().then_some(envelope.deliver_at);
+        let (answered, leads) = self.bundles.join(key, member, due);
         if leads {
             self.lead(tag, key).await;
         }
@@ -213,7 +244,13 @@ impl Carrier {
             exchange: ShortString::from(exchange),
             routing_key: ShortString::from(queue),
             body: &body,
-            properties: self.signed(bundle::bundle_properties(messages.len()), &body),
+            properties: self.signed(
+                bundle::summarised_properties(
+                    messages.len(),
+                    &Summary::of(messages.iter().map(|w| w.due)),
+                ),
+                &body,
+            ),
             lane: None,
         };
         let answer = match self.publish_until_settled(attempt).await {
@@ -239,16 +276,17 @@ impl Carrier {
         }
     }
 
-    /// Reads a bundle that came back through the work exchange into its messages, each
-    /// decoded as a delivery of its own would be (a bundle redelivered too often parks
-    /// every message in it `redelivery-limit`).
+    /// Prepares a bundle that came back through the work exchange: kept sealed when it came
+    /// back from a level and all its messages go on into one level (its header says when
+    /// the first and the last are due), else read into its messages, each decoded as a
+    /// delivery of its own would be (a bundle redelivered too often parks every message in
+    /// it `redelivery-limit`).
     pub(super) fn prepare_bundle(
         &self,
         tag: Tag,
         delivery: Delivery,
         redeliveries: Option<u32>,
     ) -> PreparedBundle {
-        let read_at = now_ms();
         let Delivery {
             exchange,
             routing_key,
@@ -256,38 +294,74 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        let read = self
-            .check_signature(&exchange, &properties, &data)
-            .and_then(|()| bundle::decode_bundle(&properties, &data));
-        let members = match read {
-            Ok(members) => members,
-            Err(parked) => {
-                return Err(Box::new(Undecodable {
-                    tag,
-                    body: data,
-                    routing_key,
-                    consumed: properties,
-                    parked,
-                }));
-            }
+        let unreadable = |body, routing_key, consumed, parked| {
+            PreparedBundle::Unreadable(Box::new(Undecodable {
+                tag,
+                body,
+                routing_key,
+                consumed,
+                parked,
+            }))
         };
+        if let Err(parked) = self.check_signature(&exchange, &properties, &data) {
+            return unreadable(data, routing_key, properties, parked);
+        }
         let too_often = self.redelivered_too_often(&properties, redeliveries);
-        let uncounted_hops = bundle::uncounted_hops(&properties);
-        // Back from the returns queue (level zero): its messages wait out their last
-        // moments here; back from a level, they move there first.
-        let waits_here = routing_key.as_str() == self.shared.config.names.returns_queue();
+        let summary = bundle::summary(&properties);
+        let count = bundle::count(&properties).and_then(|count| usize::try_from(count).ok());
+        if let Some(count) = count
+            && too_often.is_none()
+            && !self.back_from_returns(&routing_key)
+            && self.sealed_next_level(tag, &summary, &data).is_some()
+        {
+            return PreparedBundle::Sealed(Box::new(Sealed {
+                tag,
+                exchange,
+                routing_key,
+                properties,
+                body: data,
+                count,
+                summary,
+            }));
+        }
+        match self.read_bundle(tag, &exchange, &routing_key, &properties, &data, too_often) {
+            Ok(bundle) => PreparedBundle::Read(bundle),
+            Err(parked) => unreadable(data, routing_key, properties, parked),
+        }
+    }
+
+    /// True for a delivery back from the returns queue (level zero): its messages wait out
+    /// their last moments here; back from a level, they move there first.
+    fn back_from_returns(&self, routing_key: &ShortString) -> bool {
+        routing_key.as_str() == self.shared.config.names.returns_queue()
+    }
+
+    /// Reads a bundle's messages from its `properties` and `body`, each decoded (or parked
+    /// as `too_often` says), with the hops its header says their state does not count; why
+    /// the whole bundle is parked when it cannot be read.
+    fn read_bundle(
+        &self,
+        tag: Tag,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        properties: &BasicProperties,
+        body: &[u8],
+        too_often: Option<Parked>,
+    ) -> Result<Bundle, Parked> {
+        let read_at = now_ms();
+        let members = bundle::decode_bundle(properties, body)?;
+        let uncounted_hops = bundle::summary(properties).uncounted_hops;
+        let waits_here = self.back_from_returns(routing_key);
         // A lane per due instant: a burst's messages (due at one instant) take turns as one
         // lane, and each message due after them in the same bundle as a lane of its own,
         // so it waits for a turn of the burst, not behind all of it.
         let mut lanes: HashMap<u64, Lane> = HashMap::new();
-        let mut bodies = Vec::with_capacity(members.len());
-        let mut messages: Vec<Read> = members
+        let messages = members
             .into_iter()
             .map(|Member { properties, body }| {
-                bodies.push(body);
                 let decoded = match &too_often {
                     Some(parked) => Err(parked.clone()),
-                    None => self.decode(&exchange, &routing_key, &properties),
+                    None => self.decode(exchange, routing_key, &properties),
                 };
                 match decoded {
                     Ok(mut envelope) => {
@@ -298,8 +372,7 @@ impl Carrier {
                             .join();
                         Ok(Decoded {
                             tag,
-                            // Filled below unless the bundle is kept whole.
-                            body: Vec::new(),
+                            body: body.to_vec(),
                             envelope,
                             read_at,
                             waits_here,
@@ -317,88 +390,83 @@ impl Carrier {
                 }
             })
             .collect();
-        let whole = if !waits_here && self.one_next_level(&messages).is_some() {
-            drop(bodies);
-            Some(data)
-        } else {
-            for (message, body) in messages.iter_mut().zip(bodies) {
-                if let Ok(decoded) = message {
-                    decoded.body = body.to_vec();
-                }
-            }
-            None
-        };
         Ok(Bundle {
             tag,
-            routing_key,
+            routing_key: routing_key.clone(),
             messages,
-            whole,
-            uncounted_hops,
         })
     }
 
-    /// The one level and window all `messages` of a bundle back from a level go on to now,
-    /// if they do: each decoded, none a recurring occurrence nor named by a cancel (those
-    /// are settled one by one), and hops travel in bundles.
-    fn one_next_level(&self, messages: &[Read]) -> Option<(Duration, u64)> {
+    /// The one level and window every message of a bundle back from a level (delivery
+    /// `tag`, header `summary`, `body`) goes on to now, if they do: the first and the last
+    /// due go on into the same one (so every message between does), no cancel names one of
+    /// them, and hops travel in bundles.
+    fn sealed_next_level(
+        &self,
+        tag: Tag,
+        summary: &Summary,
+        body: &[u8],
+    ) -> Option<(Duration, u64)> {
         if self.shared.stats.bundling.load(Ordering::Relaxed) != 1 {
             return None;
         }
+        let (first, last) = summary.due?;
         let rules = self.rules();
         let now_ms = now_ms();
-        let tombstones = self.shared.tombstones.lock().expect("tombstone lock");
-        let mut next = None;
-        for message in messages {
-            let decoded = message.as_ref().ok()?;
-            let envelope = &decoded.envelope;
-            let named = envelope
-                .properties
-                .message_id
-                .as_ref()
-                .is_some_and(|id| tombstones.names(id.as_str()));
-            if named || envelope.occurrence.is_some() {
-                return None;
-            }
+        let decide = |deliver_at| {
             let situation = Situation {
                 now_ms,
-                deliver_at: envelope.deliver_at,
+                deliver_at,
                 bundled: true,
                 in_window: rules.hop_window.is_zero(),
-                waits_here: decoded.waits_here,
-                from_work: decoded.tag.inlet == Inlet::Work,
+                waits_here: false,
+                from_work: tag.inlet == Inlet::Work,
             };
-            let Decision::Bundle { level, leaves_at } = planner::decide(&situation, &rules) else {
-                return None;
-            };
-            match next {
-                None => next = Some((level, leaves_at)),
-                Some(same) if same == (level, leaves_at) => {}
-                Some(_) => return None,
+            planner::decide(&situation, &rules)
+        };
+        let next = decide(first);
+        let Decision::Bundle { level, leaves_at } = next else {
+            return None;
+        };
+        if decide(last) != next {
+            return None;
+        }
+        let tombstones = self.shared.tombstones.lock().expect("tombstone lock");
+        if !tombstones.is_empty() {
+            for id in bundle::member_message_ids(body)?.into_iter().flatten() {
+                match std::str::from_utf8(id) {
+                    Ok(id) if !tombstones.names(id) => {}
+                    _ => return None,
+                }
             }
         }
-        next
+        Some((level, leaves_at))
     }
 
-    /// Passes a bundle kept whole on into the one level all its messages go to, when they
+    /// Passes a sealed bundle on whole into the one level all its messages go to, when they
     /// still do: its body as it came, its hop counted on the bundle. `None` when it must be
-    /// carried message by message instead (they go apart now, or the level refused it).
-    async fn pass_whole(&self, bundle: &Bundle, body: &[u8]) -> Option<Outcome> {
-        let (level, leaves_at) = self.one_next_level(&bundle.messages)?;
+    /// read and carried message by message instead (they go apart now, or the level
+    /// refused it).
+    async fn pass_sealed(&self, sealed: &Sealed) -> Option<Outcome> {
+        let (level, leaves_at) =
+            self.sealed_next_level(sealed.tag, &sealed.summary, &sealed.body)?;
         tokio::select! {
             _ = tokio::time::sleep(until_epoch_ms(leaves_at)) => {}
             _ = self.stop.cancelled() => return Some(Outcome::Release),
         }
         let (exchange, queue) = self.level_route(level);
-        let count = bundle.messages.len();
-        let properties =
-            bundle::passed_on_properties(count, bundle.uncounted_hops.saturating_add(1));
+        let summary = Summary {
+            uncounted_hops: sealed.summary.uncounted_hops.saturating_add(1),
+            ..sealed.summary
+        };
+        let properties = bundle::summarised_properties(sealed.count, &summary);
         let attempt = Attempt {
-            tag: bundle.tag,
+            tag: sealed.tag,
             destination: Destination::Own(&queue),
             exchange: ShortString::from(exchange),
             routing_key: ShortString::from(queue.as_str()),
-            body,
-            properties: self.signed(properties, body),
+            body: &sealed.body,
+            properties: self.signed(properties, &sealed.body),
             lane: None,
         };
         match self.publish_until_settled(attempt).await {
@@ -406,14 +474,14 @@ impl Carrier {
                 let stats = &self.shared.stats;
                 stats.bundles.fetch_add(1, Ordering::Relaxed);
                 stats.passed_whole.fetch_add(1, Ordering::Relaxed);
-                stats.hops.fetch_add(count as u64, Ordering::Relaxed);
-                tracing::trace!(queue, messages = count, "bundle passed on whole");
+                stats.hops.fetch_add(sealed.count as u64, Ordering::Relaxed);
+                tracing::trace!(queue, messages = sealed.count, "bundle passed on whole");
                 Some(Outcome::Done)
             }
             Settled::Park(refused) => {
                 tracing::warn!(
                     queue,
-                    messages = count,
+                    messages = sealed.count,
                     reason = refused.reason.as_str(),
                     "a level refused a bundle passed on whole: its messages go on one by one"
                 );
@@ -424,48 +492,64 @@ impl Carrier {
         }
     }
 
-    /// Carries every message of a bundle at once; done when all are.
+    /// Carries a bundle that came back: passes it on whole, or carries every message of it
+    /// at once (done when all are), or parks it whole.
     pub(super) async fn carry_bundle(&self, prepared: &PreparedBundle) -> Outcome {
-        let bundle = match prepared {
-            Ok(bundle) => bundle,
-            Err(unreadable) => {
-                return Box::pin(self.park(
+        match prepared {
+            PreparedBundle::Read(bundle) => self.carry_messages(bundle).await,
+            PreparedBundle::Sealed(sealed) => {
+                if let Some(outcome) = self.pass_sealed(sealed).await {
+                    return outcome;
+                }
+                let read = self.read_bundle(
+                    sealed.tag,
+                    &sealed.exchange,
+                    &sealed.routing_key,
+                    &sealed.properties,
+                    &sealed.body,
+                    None,
+                );
+                match read {
+                    Ok(bundle) => self.carry_messages(&bundle).await,
+                    Err(parked) => {
+                        Box::pin(self.park(
+                            sealed.tag,
+                            &sealed.body,
+                            &sealed.routing_key,
+                            &sealed.properties,
+                            &parked,
+                        ))
+                        .await
+                    }
+                }
+            }
+            PreparedBundle::Unreadable(unreadable) => {
+                Box::pin(self.park(
                     unreadable.tag,
                     &unreadable.body,
                     &unreadable.routing_key,
                     &unreadable.consumed,
                     &unreadable.parked,
                 ))
-                .await;
+                .await
             }
-        };
-        if let Some(whole) = &bundle.whole
-            && let Some(outcome) = self.pass_whole(bundle, whole).await
-        {
-            return outcome;
         }
-        let bodies: Vec<&[u8]> = match &bundle.whole {
-            // It was read as a bundle, so its bodies read again; should they not, it goes back.
-            Some(whole) => match bundle::member_bodies(whole) {
-                Some(bodies) if bodies.len() == bundle.messages.len() => bodies,
-                _ => return Outcome::Release,
-            },
-            None => bundle.messages.iter().map(message_body).collect(),
-        };
-        let outcomes = futures::future::join_all(bundle.messages.iter().zip(&bodies).map(
-            |(message, body)| async move {
-                match message {
-                    Ok(decoded) => self.carry(decoded, body).await,
-                    Err(_) => self.carry_prepared(message).await,
-                }
-            },
-        ))
+    }
+
+    /// Carries every message of a bundle at once; done when all are.
+    async fn carry_messages(&self, bundle: &Bundle) -> Outcome {
+        let outcomes = futures::future::join_all(
+            bundle
+                .messages
+                .iter()
+                .map(|message| self.carry_prepared(message)),
+        )
         .await;
         let mut released = Vec::new();
-        for ((message, body), outcome) in bundle.messages.iter().zip(bodies).zip(outcomes) {
+        for (message, outcome) in bundle.messages.iter().zip(outcomes) {
             match outcome {
                 Outcome::Done => {}
-                Outcome::Release => released.push((message, body)),
+                Outcome::Release => released.push(message),
                 Outcome::Failed(error) => return Outcome::Failed(error),
             }
         }
@@ -478,11 +562,13 @@ impl Carrier {
     /// Sends the messages of `bundle` a stop released on through the work exchange, as a
     /// bundle of their own: once that is confirmed, the bundle's delivery is done and none
     /// of its settled messages comes again.
-    async fn pass_on(&self, bundle: &Bundle, released: &[(&Read, &[u8])]) -> Outcome {
+    async fn pass_on(&self, bundle: &Bundle, released: &[&Read]) -> Outcome {
         let members: Option<Vec<Vec<u8>>> = released
             .iter()
-            .map(|(message, body)| match message {
-                Ok(decoded) => bundle::encode_member(&consumed_properties(&decoded.envelope), body),
+            .map(|message| match message {
+                Ok(decoded) => {
+                    bundle::encode_member(&consumed_properties(&decoded.envelope), &decoded.body)
+                }
                 Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
             })
             .collect();
@@ -511,14 +597,6 @@ impl Carrier {
             Settled::Park(_) | Settled::Release => Outcome::Release,
             Settled::Failed(error) => Outcome::Failed(error),
         }
-    }
-}
-
-/// The body a message of a bundle not kept whole was decoded with.
-fn message_body(message: &Read) -> &[u8] {
-    match message {
-        Ok(decoded) => &decoded.body,
-        Err(undecodable) => &undecodable.body,
     }
 }
 

@@ -288,5 +288,39 @@ mod tests {
                 }
             }
         }
+
+        /// A bundle passed on whole relies on this: when the first and the last message
+        /// due join the same bundle, every message due between them does.
+        #[test]
+        fn what_the_first_and_the_last_due_join_every_message_between_joins(
+            ladder in ladder_strategy(),
+            margin_ms in 0u64..1_000,
+            window_ms in 0u64..1_000,
+            now_ms in 1_000_000u64..2_000_000,
+            ahead_ms in 0u64..500_000,
+            spread in (0u64..50_000, 0u64..=100),
+            from_work in any::<bool>(),
+        ) {
+            let rules = Rules { ladder: &ladder, margin: ms(margin_ms), hop_window: ms(window_ms) };
+            let decide_at = |deliver_at| {
+                let situation = Situation {
+                    now_ms,
+                    deliver_at,
+                    bundled: true,
+                    in_window: window_ms == 0,
+                    waits_here: false,
+                    from_work,
+                };
+                decide(&situation, &rules)
+            };
+            let (width, percent) = spread;
+            let first = now_ms + ahead_ms;
+            let last = first + width;
+            let between = first + width * percent / 100;
+            let joins = decide_at(first);
+            if matches!(joins, Decision::Bundle { .. }) && decide_at(last) == joins {
+                prop_assert_eq!(decide_at(between), joins);
+            }
+        }
     }
 }
