@@ -212,22 +212,6 @@ pub fn decode_bundle<'a>(
     Ok(members)
 }
 
-/// The bodies of the messages of a bundle's `body`, in order, without reading their
-/// properties; `None` when it is not a bundle's body (see [`decode_bundle`]).
-pub fn member_bodies(body: &[u8]) -> Option<Vec<&[u8]>> {
-    let (&FORMAT, mut rest) = body.split_first()? else {
-        return None;
-    };
-    let mut bodies = Vec::new();
-    while !rest.is_empty() {
-        let (_, after) = take_sized(rest)?;
-        let (body, after) = take_sized(after)?;
-        bodies.push(body);
-        rest = after;
-    }
-    Some(bodies)
-}
-
 /// The `message_id` of each message in a bundle's `body`, in order (`None` for one without),
 /// read from their property bytes without parsing the rest; `None` when it is not a
 /// bundle's body or a message's properties are cut short.
@@ -366,8 +350,6 @@ mod tests {
             })
             .collect();
         assert_eq!(read, expected);
-        let bodies: Vec<&[u8]> = members.iter().map(|(_, body)| body.as_slice()).collect();
-        assert_eq!(member_bodies(&body), Some(bodies), "the bodies alone");
     }
 
     #[test]
@@ -386,19 +368,10 @@ mod tests {
             let parked = decode_bundle(&props, &body[..cut]).expect_err("cut");
             assert_eq!(parked.reason, ParkReason::BadState, "cut at {cut}");
         }
-        for cut in 1..body.len() {
-            let whole = member_bodies(&body[..cut]);
-            assert!(
-                whole.is_none() || whole.is_some_and(|bodies| bodies.len() < 2),
-                "cut at {cut}"
-            );
-        }
         let mut other_format = body.clone();
         other_format[0] = 2;
         assert!(decode_bundle(&props, &other_format).is_err());
         assert!(decode_bundle(&props, &[]).is_err());
-        assert_eq!(member_bodies(&other_format), None);
-        assert_eq!(member_bodies(&[]), None);
         let wrong_count = bundle_properties(3);
         let parked = decode_bundle(&wrong_count, &body).expect_err("count");
         assert!(

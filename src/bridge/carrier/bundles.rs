@@ -108,8 +108,9 @@ impl Filling {
 pub(in crate::bridge) enum PreparedBundle {
     /// Its messages, read one by one.
     Read(Bundle),
-    /// Back from a level with all its messages going on into one level: kept as it came, to
-    /// be passed on whole.
+    /// Back from a level with a header that says when its first and last messages are due:
+    /// kept as it came, to be passed on whole if they go on into one level when it is
+    /// carried (else read then).
     Sealed(Box<Sealed>),
     /// It could not be read: parked whole.
     Unreadable(Box<Undecodable>),
@@ -129,7 +130,7 @@ pub(in crate::bridge) struct Bundle {
 }
 
 /// A bundle kept as it came (see [`PreparedBundle::Sealed`]): read only should its messages
-/// go apart after all.
+/// go apart.
 pub(in crate::bridge) struct Sealed {
     /// Its delivery.
     tag: Tag,
@@ -277,10 +278,10 @@ impl Carrier {
     }
 
     /// Prepares a bundle that came back through the work exchange: kept sealed when it came
-    /// back from a level and all its messages go on into one level (its header says when
-    /// the first and the last are due), else read into its messages, each decoded as a
-    /// delivery of its own would be (a bundle redelivered too often parks every message in
-    /// it `redelivery-limit`).
+    /// back from a level, hops travel in bundles and its header says when its first and
+    /// last messages are due (whether they go on together is decided once, when it is
+    /// carried), else read into its messages, each decoded as a delivery of its own would
+    /// be (a bundle redelivered too often parks every message in it `redelivery-limit`).
     pub(super) fn prepare_bundle(
         &self,
         tag: Tag,
@@ -311,8 +312,9 @@ impl Carrier {
         let count = bundle::count(&properties).and_then(|count| usize::try_from(count).ok());
         if let Some(count) = count
             && too_often.is_none()
+            && summary.due.is_some()
             && !self.back_from_returns(&routing_key)
-            && self.sealed_next_level(tag, &summary, &data).is_some()
+            && self.shared.stats.bundling.load(Ordering::Relaxed) == 1
         {
             return PreparedBundle::Sealed(Box::new(Sealed {
                 tag,
