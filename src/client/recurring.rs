@@ -24,8 +24,9 @@ impl Client {
     /// Schedules `message` (its `message_id` is the schedule's id) every `every`, by
     /// elapsed time, the first occurrence `every` from now, until `repeat` ends it or a
     /// [`Client::cancel`] of the id stops it. Scheduling under an id that runs replaces
-    /// that schedule. Bridges refuse (park `bad-schedule`) an interval below their smallest
-    /// level or above their `max_delay`.
+    /// that schedule. An interval below [`crate::recurring::MIN_INTERVAL`] is refused here;
+    /// bridges also refuse (park `bad-schedule`) one below their smallest level or above
+    /// their `max_delay`.
     pub async fn schedule_every(
         &self,
         message: Message,
@@ -87,6 +88,9 @@ impl Client {
         let headers = FieldTable::from(headers);
         let recurrence = Recurrence::from_headers(&headers, true)?
             .ok_or(ClientError::BadSchedule(RecurrenceError::NeverOccurs))?;
+        // The bridges' smallest level and maximum delay are theirs; the smallest recurring
+        // interval holds everywhere.
+        recurrence.check(now_ms(), Duration::ZERO, Duration::MAX)?;
         let first = recurrence
             .first(None, now_ms())
             .ok_or(ClientError::BadSchedule(RecurrenceError::NeverOccurs))?;

@@ -9,7 +9,7 @@ use croner::Cron;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::{Delivering, Occurrence, Recurrence, RecurrenceError, Rule};
+use super::{Delivering, Occurrence, Recurrence, RecurrenceError, Rule, some_date_matches};
 use crate::contract::value::{as_integer, as_text, parse_deliver_at_in};
 
 /// Header names of recurring schedules.
@@ -65,16 +65,7 @@ impl Recurrence {
         if !has_id {
             return Err(RecurrenceError::NoId);
         }
-        let until_ms = get(header::UNTIL)
-            .map(|value| {
-                parse_deliver_at_in(header::UNTIL, value)
-                    .and_then(|ms| u64::try_from(ms).map_err(|_| "before 1970".to_string()))
-                    .map_err(|reason| RecurrenceError::BadEnd {
-                        name: header::UNTIL,
-                        reason,
-                    })
-            })
-            .transpose()?;
+        let until_ms = get(header::UNTIL).map(until).transpose()?;
         let count = get(header::COUNT).map(count).transpose()?;
         Ok(Some(Recurrence {
             rule,
@@ -133,13 +124,18 @@ fn interval(value: &AMQPValue) -> Result<Duration, RecurrenceError> {
         .ok_or_else(|| RecurrenceError::BadInterval(shown(value)))
 }
 
-/// `x-repeat-cron` read in `x-repeat-tz` (UTC when absent).
+/// `x-repeat-cron` read in `x-repeat-tz` (UTC when absent). An expression no date matches
+/// (30 February) is refused here, before any search for its occurrences.
 fn cron_rule(cron: &AMQPValue, zone: Option<&AMQPValue>) -> Result<Rule, RecurrenceError> {
-    let expression = as_text(cron).unwrap_or_default();
-    let parsed = Cron::from_str(&expression).map_err(|e| RecurrenceError::BadCron {
-        expression: expression.clone(),
-        reason: e.to_string(),
-    })?;
+    let bad_cron = |reason: &str| RecurrenceError::BadCron {
+        expression: shown(cron),
+        reason: cut_short(reason),
+    };
+    let expression = as_text(cron).ok_or_else(|| bad_cron("a cron expression is text"))?;
+    let parsed = Cron::from_str(&expression).map_err(|e| bad_cron(&e.to_string()))?;
+    if !some_date_matches(&parsed) {
+        return Err(RecurrenceError::NeverOccurs);
+    }
     let zone = match zone {
         None => Tz::UTC,
         Some(value) => {
@@ -166,7 +162,80 @@ fn count(value: &AMQPValue) -> Result<u64, RecurrenceError> {
         })
 }
 
-/// A header value as the detail of a refusal shows it.
-fn shown(value: &AMQPValue) -> String {
-    as_text(value).unwrap_or_else(|| format!("{value:?}"))
+/// `x-repeat-until`: epoch milliseconds (from 2001) or an RFC 3339 time, from 1970.
+fn until(value: &AMQPValue) -> Result<u64, RecurrenceError> {
+    parse_deliver_at_in(header::UNTIL, value)
+        .ok()
+        .and_then(|ms| u64::try_from(ms).ok())
+        .ok_or_else(|| RecurrenceError::BadEnd {
+            name: header::UNTIL,
+            reason: format!(
+                "{} is neither epoch milliseconds from 2001 on nor an RFC 3339 time (for example `2027-01-15T08:00:00Z`)",
+                shown(value)
+            ),
+        })
+}
+
+/// At most this many characters of a header value, or of what a parser said about it, go
+/// into the detail of a refusal (then `…`): a refusal is logged and parked with its detail,
+/// which must not grow with what a publisher sent.
+const MOST_SHOWN_CHARS: usize = 64;
+
+/// A header value as the detail of a refusal shows it, as a publisher would write it: text
+/// in quotes (escaped, cut short after [`MOST_SHOWN_CHARS`]), a number in digits, `true` or
+/// `false`, and any other type by its name.
+pub(super) fn shown(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::ShortShortInt(number) => number.to_string(),
+        AMQPValue::ShortShortUInt(number) => number.to_string(),
+        AMQPValue::ShortInt(number) => number.to_string(),
+        AMQPValue::ShortUInt(number) => number.to_string(),
+        AMQPValue::LongInt(number) => number.to_string(),
+        AMQPValue::LongUInt(number) => number.to_string(),
+        AMQPValue::LongLongInt(number) => number.to_string(),
+        AMQPValue::Float(number) => cut_short(&number.to_string()),
+        AMQPValue::Double(number) => cut_short(&number.to_string()),
+        AMQPValue::DecimalValue(decimal) => {
+            let scale = usize::from(decimal.scale);
+            let digits = format!("{:0>width$}", decimal.value, width = scale + 1);
+            let (whole, fraction) = digits.split_at(digits.len() - scale);
+            cut_short(&match fraction {
+                "" => whole.to_string(),
+                _ => format!("{whole}.{fraction}"),
+            })
+        }
+        AMQPValue::Boolean(flag) => flag.to_string(),
+        AMQPValue::ShortString(text) => quoted(text.as_str().as_bytes()),
+        AMQPValue::LongString(text) => quoted(text.as_bytes()),
+        AMQPValue::Timestamp(seconds) => format!("the timestamp {seconds}"),
+        AMQPValue::FieldTable(_) => "a field table".to_string(),
+        AMQPValue::FieldArray(_) => "a field array".to_string(),
+        AMQPValue::ByteArray(_) => "a byte array".to_string(),
+        AMQPValue::Void => "no value (void)".to_string(),
+    }
+}
+
+/// `text` (UTF-8; a byte that is not, as `�`) in double quotes, a double quote, a backslash
+/// or a control character in it escaped as in Rust (`\"`, `\\`, `\n`, `\u{1b}`), cut short
+/// after [`MOST_SHOWN_CHARS`] characters of the escaped text. Only its first bytes are read.
+fn quoted(text: &[u8]) -> String {
+    // Enough bytes for one character more than is shown (a character is at most 4 bytes).
+    let read = &text[..text.len().min(4 * (MOST_SHOWN_CHARS + 1))];
+    let mut escaped = String::new();
+    for character in String::from_utf8_lossy(read).chars() {
+        if character == '"' || character == '\\' || character.is_control() {
+            escaped.extend(character.escape_debug());
+        } else {
+            escaped.push(character);
+        }
+    }
+    format!("\"{}\"", cut_short(&escaped))
+}
+
+/// `text` cut after [`MOST_SHOWN_CHARS`] characters, with `…` for what was cut.
+fn cut_short(text: &str) -> String {
+    match text.char_indices().nth(MOST_SHOWN_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
 }
