@@ -35,6 +35,9 @@ pub mod header {
     pub const AFTER_OCCURRENCE: &str = "delay-bridge-after-occurrence";
     /// On a successor tombstone: copies born before this are dropped.
     pub const BORN_BEFORE: &str = "delay-bridge-born-before";
+    /// On a schedule's replacement: the target exchange whose schedules of the id it
+    /// replaces.
+    pub const TARGET: &str = "delay-bridge-target";
 }
 
 /// How far ahead of the reading bridge's clock a tombstone's `cancelled_at` may be. A
@@ -46,10 +49,14 @@ pub const CLOCK_ALLOWANCE_MS: u64 = 1_000;
 pub const KIND_CANCEL: &str = "cancel";
 /// `delay-bridge-kind` of a successor tombstone (see [`Successors`]).
 pub const KIND_SUCCESSORS: &str = "successors";
+/// `delay-bridge-kind` of a schedule's replacement: a tombstone that drops only the copies
+/// of a recurring schedule of its id bound for one target exchange (see [`Scope`]).
+pub const KIND_REPLACED: &str = "schedule-replaced";
 /// `delay-bridge-kind` of a catch-up marker (a bridge appends one at boot and reads up to it).
 pub const KIND_SYNC: &str = "sync";
 
-/// A cancellation: drop every copy of `message_id` that entered at or before `cancelled_at`.
+/// A cancellation: drop every copy of `message_id` within its [`Scope`] that entered at or
+/// before `cancelled_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tombstone {
     /// The `message_id` of the message to cancel.
@@ -58,6 +65,23 @@ pub struct Tombstone {
     pub cancelled_at: u64,
     /// When the cancelled message was due, epoch ms, if the canceller said so.
     pub due_at: Option<u64>,
+    /// Which copies of the id it drops.
+    pub scope: Scope,
+}
+
+/// Which copies of an id a tombstone drops.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every copy: a cancel (`delay-bridge-kind: cancel`).
+    Every,
+    /// Only the copies of a recurring schedule bound for this target exchange: what a new
+    /// schedule under the id replaces when the bridge takes it in
+    /// (`delay-bridge-kind: schedule-replaced`). A one-off message, or a schedule of
+    /// another route's target, is not touched.
+    Schedules {
+        /// The target exchange.
+        target: String,
+    },
 }
 
 /// One entry read from the cancel stream.
@@ -101,6 +125,33 @@ fn entry_properties(message_id: ShortString, headers: Vec<(&str, AMQPValue)>) ->
         .with_message_id(message_id)
         .with_delivery_mode(crate::contract::PERSISTENT)
         .with_headers(table)
+}
+
+/// The properties of a schedule's replacement (the body is empty): the copies of recurring
+/// schedules of `message_id` bound for `target` that entered at or before `entered_before`
+/// are dropped.
+pub fn replaced_properties(
+    message_id: ShortString,
+    target: &str,
+    entered_before: u64,
+) -> BasicProperties {
+    entry_properties(
+        message_id,
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_REPLACED)),
+            ),
+            (
+                header::CANCELLED_AT,
+                AMQPValue::LongLongInt(i64::try_from(entered_before).unwrap_or(i64::MAX)),
+            ),
+            (
+                header::TARGET,
+                AMQPValue::LongString(LongString::from(target)),
+            ),
+        ],
+    )
 }
 
 /// The properties of a tombstone entry (the body is empty); `due_at` when the canceller
@@ -200,7 +251,19 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
                 Err(why) => StreamEntry::Invalid(why),
             }
         }
-        (KIND_CANCEL, Some(message_id)) => {
+        (KIND_CANCEL | KIND_REPLACED, Some(message_id)) => {
+            let scope = match kind.as_str() {
+                KIND_CANCEL => Scope::Every,
+                _ => match get(header::TARGET).and_then(text) {
+                    Some(target) => Scope::Schedules { target },
+                    None => {
+                        return StreamEntry::Invalid(format!(
+                            "schedule replacement for `{message_id}` has no `{}`",
+                            header::TARGET
+                        ));
+                    }
+                },
+            };
             // A malformed due time is ignored: the tombstone is then kept the longest.
             let due_at = epoch_ms(get(header::DUE_AT));
             let cancelled_at = match epoch_ms(get(header::CANCELLED_AT)) {
@@ -216,9 +279,10 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
                 message_id,
                 cancelled_at,
                 due_at,
+                scope,
             })
         }
-        (KIND_SYNC | KIND_CANCEL | KIND_SUCCESSORS, None) => {
+        (KIND_SYNC | KIND_CANCEL | KIND_REPLACED | KIND_SUCCESSORS, None) => {
             StreamEntry::Invalid(format!("`{kind}` entry without a message_id"))
         }
         (other, _) => StreamEntry::Invalid(format!("unknown entry kind `{other}`")),
@@ -264,9 +328,12 @@ pub struct Expired {
 pub struct TombstoneSet {
     keep_ms: u64,
     grace_ms: u64,
+    /// The cancels ([`Scope::Every`]), by id.
     live: HashMap<String, Live>,
-    /// (expires at, id), to expire in order.
-    by_expiry: BTreeSet<(u64, String)>,
+    /// The schedules' replacements, by (target, id).
+    replaced: HashMap<(String, String), Live>,
+    /// (expires at, id, target of a replacement), to expire in order.
+    by_expiry: BTreeSet<(u64, String, Option<String>)>,
     /// The successor tombstones of recurring schedules.
     successors: SuccessorSet,
 }
@@ -279,6 +346,7 @@ impl TombstoneSet {
             keep_ms,
             grace_ms,
             live: HashMap::new(),
+            replaced: HashMap::new(),
             by_expiry: BTreeSet::new(),
             successors: SuccessorSet::default(),
         }
@@ -304,16 +372,25 @@ impl TombstoneSet {
             return Inserted::Expired;
         }
         let id = tombstone.message_id;
-        let Some(live) = self.live.get_mut(&id) else {
-            self.by_expiry.insert((expires_at, id.clone()));
-            self.live.insert(
-                id,
-                Live {
-                    cancelled_at,
-                    expires_at,
-                    dropped: 0,
-                },
-            );
+        let (live, target) = match tombstone.scope {
+            Scope::Every => (self.live.get_mut(&id), None),
+            Scope::Schedules { target } => (
+                self.replaced.get_mut(&(target.clone(), id.clone())),
+                Some(target),
+            ),
+        };
+        let Some(live) = live else {
+            self.by_expiry
+                .insert((expires_at, id.clone(), target.clone()));
+            let live = Live {
+                cancelled_at,
+                expires_at,
+                dropped: 0,
+            };
+            match target {
+                None => self.live.insert(id, live),
+                Some(target) => self.replaced.insert((target, id), live),
+            };
             return Inserted::New;
         };
         // Both cancels stand: the later one covers more copies, the longer one lives longer.
@@ -324,9 +401,10 @@ impl TombstoneSet {
             Inserted::Covered
         };
         if expires_at > live.expires_at {
-            self.by_expiry.remove(&(live.expires_at, id.clone()));
+            self.by_expiry
+                .remove(&(live.expires_at, id.clone(), target.clone()));
             live.expires_at = expires_at;
-            self.by_expiry.insert((expires_at, id));
+            self.by_expiry.insert((expires_at, id, target));
         }
         inserted
     }
@@ -349,6 +427,24 @@ impl TombstoneSet {
         }
     }
 
+    /// True when a later schedule of `message_id` for `target` replaced the one that
+    /// entered at `entered_at`. Counts the drop against the replacement.
+    fn replaces(&mut self, message_id: &str, target: &str, entered_at: u64) -> bool {
+        if self.replaced.is_empty() {
+            return false;
+        }
+        match self
+            .replaced
+            .get_mut(&(target.to_string(), message_id.to_string()))
+        {
+            Some(live) if entered_at <= live.cancelled_at => {
+                live.dropped += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Removes the tombstones whose covered copies can no longer be pending at `now_ms`.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Expired> {
         self.successors.expire(now_ms);
@@ -357,11 +453,14 @@ impl TombstoneSet {
             if first.0 > now_ms {
                 break;
             }
-            let (_, id) = self.by_expiry.pop_first().expect("first exists");
-            let dropped = self.live.remove(&id).map_or(0, |l| l.dropped);
+            let (_, id, target) = self.by_expiry.pop_first().expect("first exists");
+            let live = match target {
+                None => self.live.remove(&id),
+                Some(target) => self.replaced.remove(&(target, id.clone())),
+            };
             gone.push(Expired {
                 message_id: id,
-                dropped,
+                dropped: live.map_or(0, |l| l.dropped),
             });
         }
         gone
@@ -369,7 +468,7 @@ impl TombstoneSet {
 
     /// When the next tombstone expires, epoch ms.
     pub fn next_expiry(&self) -> Option<u64> {
-        let plain = self.by_expiry.first().map(|(at, _)| *at);
+        let plain = self.by_expiry.first().map(|(at, _, _)| *at);
         match (plain, self.successors.next_expiry()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -382,17 +481,20 @@ impl TombstoneSet {
         self.successors.insert(successors, self.grace_ms, now_ms)
     }
 
-    /// True when the copy of a recurring schedule's `occurrence`, born at `born`, is
-    /// dropped: its schedule `(message_id, entered_at)` is cancelled, or a successor
-    /// tombstone says another copy of that occurrence lives.
+    /// True when the copy of a recurring schedule's `occurrence` bound for `target`, born
+    /// at `born`, is dropped: its schedule `(message_id, entered_at)` is cancelled or
+    /// replaced by a later schedule of the id for that target, or a successor tombstone says
+    /// another copy of that occurrence lives.
     pub fn cancels_occurrence(
         &mut self,
         message_id: &str,
+        target: &str,
         entered_at: u64,
         occurrence: u64,
         born: u64,
     ) -> bool {
         self.cancels(message_id, entered_at)
+            || self.replaces(message_id, target, entered_at)
             || self
                 .successors
                 .drops(message_id, entered_at, occurrence, born)
@@ -403,14 +505,14 @@ impl TombstoneSet {
         self.successors.len()
     }
 
-    /// How many tombstones are live.
+    /// How many tombstones are live (cancels and schedules' replacements).
     pub fn len(&self) -> usize {
-        self.live.len()
+        self.live.len() + self.replaced.len()
     }
 
     /// True when no tombstone is live.
     pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
+        self.live.is_empty() && self.replaced.is_empty()
     }
 }
 
@@ -424,7 +526,47 @@ mod tests {
             message_id: id.into(),
             cancelled_at: at,
             due_at: None,
+            scope: Scope::Every,
         }
+    }
+
+    #[test]
+    fn a_schedules_replacement_drops_only_that_targets_schedules_of_the_id() {
+        let mut set = TombstoneSet::new(10_000, 0);
+        let replaced = Tombstone {
+            scope: Scope::Schedules {
+                target: "orders".into(),
+            },
+            ..t("digest", 1_000)
+        };
+        assert_eq!(set.insert(replaced, 1_000), Inserted::New);
+        assert!(
+            !set.cancels("digest", 900),
+            "a one-off message of the id lives"
+        );
+        assert!(!set.names("digest"));
+        assert!(set.cancels_occurrence("digest", "orders", 900, 3, 0));
+        assert!(
+            !set.cancels_occurrence("digest", "payments", 900, 3, 0),
+            "another target's schedule of the id lives"
+        );
+        assert!(
+            !set.cancels_occurrence("digest", "orders", 1_001, 1, 0),
+            "the schedule that replaced it lives"
+        );
+        assert_eq!(set.len(), 1);
+        assert_eq!(set.expire(11_000).len(), 1);
+        assert!(set.is_empty());
+        let entry = replaced_properties(message_id("digest").unwrap(), "orders", 1_000);
+        assert_eq!(
+            read_entry(&entry),
+            StreamEntry::Cancel(Tombstone {
+                scope: Scope::Schedules {
+                    target: "orders".into()
+                },
+                ..t("digest", 1_000)
+            })
+        );
     }
 
     fn due(id: &str, at: u64, due_at: u64) -> Tombstone {

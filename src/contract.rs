@@ -28,7 +28,7 @@ pub(crate) mod value;
 pub use decode::{beyond_max_delay, decode, redelivered_too_often};
 pub use encode::{
     consumed_properties, delivery_properties, hop_properties, parked_properties,
-    parked_properties_without_headers, unreadable_parked,
+    parked_properties_without_headers, unreadable_parked, without_bridge_headers,
 };
 pub use reason::{ParkReason, Parked};
 pub use size::{content_header_frame_len, fits_frame};
@@ -121,6 +121,11 @@ pub mod header {
     /// HMAC-SHA256 (hex) of its bridge headers and body (see
     /// [`signature`](super::signature)).
     pub const STATE_SIGNATURE: &str = "delay-bridge-signature";
+    /// On a copy travelling through the levels, when `bridge.state_key` is set: the
+    /// HMAC-SHA256 (hex) of its bridge headers, its `message_id`, the publisher headers the
+    /// bridge acts on (`CC`, `BCC`, `x-repeat-*`) and its body (see
+    /// [`signature`](super::signature)).
+    pub const STATE_SIGNATURE_V2: &str = "delay-bridge-signature-v2";
     /// Failed deliveries so far, set by quorum queues on redelivery.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
@@ -128,7 +133,7 @@ pub mod header {
 
     /// Every header name the contract reads or writes, and those dead-lettering adds: the
     /// names a hostile or careless publisher may reuse (the fuzz tests send them).
-    pub const ALL: [&str; 34] = [
+    pub const ALL: [&str; 35] = [
         DELAY,
         DELIVER_AT,
         OPT_DELIVERY_TIME,
@@ -160,6 +165,7 @@ pub mod header {
         BUNDLE_FIRST_DUE,
         BUNDLE_LAST_DUE,
         STATE_SIGNATURE,
+        STATE_SIGNATURE_V2,
         DELIVERY_COUNT,
         "x-death",
         "x-first-death-reason",

@@ -1,6 +1,7 @@
 //! End-to-end tests against the real broker. Each test has its own prefixed topology and
 //! deletes it; waits are on events with deadlines.
 
+mod adversary;
 mod bundles;
 mod cancel;
 mod connections;

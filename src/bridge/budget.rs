@@ -78,7 +78,7 @@ impl ByteBudget {
 
     /// A delivery of `bytes` was taken: whether the consumer's window must change.
     pub(crate) fn taken(&mut self, bytes: u64) -> Option<Retune> {
-        self.unacked += bytes;
+        self.unacked = self.unacked.saturating_add(bytes);
         self.largest = self.largest.max(bytes);
         self.taken_in_period += 1;
         if self.retuning {
@@ -148,6 +148,14 @@ mod tests {
     use proptest::prelude::*;
 
     const KIB: u64 = 1024;
+
+    #[test]
+    fn no_amount_taken_overflows_the_count() {
+        let mut b = ByteBudget::new(1024 * KIB, 4000);
+        b.taken(u64::MAX);
+        b.taken(u64::MAX);
+        assert_eq!(b.unacked(), u64::MAX);
+    }
 
     #[test]
     fn small_bodies_widen_the_window_to_prefetch() {

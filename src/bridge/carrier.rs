@@ -92,9 +92,14 @@ struct Decoded {
     lane: Option<Lane>,
     /// True for a message taken in from a route's ingress (not back from a level).
     taken_in: bool,
+    /// True when the broker flagged the delivery it came in redelivered: a copy of it may
+    /// already have been published (a hop, a next occurrence) before the delivery was
+    /// given back, so a recurring occurrence is born again (see [`Carrier::reborn`]).
+    redelivered: bool,
 }
 
-/// A delivery that could not be decoded: parked as it was consumed.
+/// A delivery that could not be decoded: parked as it was consumed (a new message without
+/// the `delay-bridge-*` headers its publisher set).
 struct Undecodable {
     /// The delivery it came in (a bundle's, for a message of a bundle).
     tag: Tag,
@@ -102,6 +107,10 @@ struct Undecodable {
     routing_key: ShortString,
     consumed: lapin::BasicProperties,
     parked: Parked,
+    /// True when the bridge state in `consumed` is the bridge's own (its signature held, or
+    /// no key is set): the parked copy is then signed, so that `parked replay` may send it
+    /// back. A copy whose signature failed is never signed again.
+    vouched: bool,
 }
 
 /// A delivery ready to be carried. Most are `One`: boxing it would cost every delivery an
@@ -300,7 +309,7 @@ impl Carrier {
         if delivery.exchange.as_str() != self.shared.work_exchange {
             return body;
         }
-        let messages = bundle::count(&delivery.properties).unwrap_or(0);
+        let messages = bundle::count_within(&delivery.properties, delivery.data.len()).unwrap_or(0);
         body.saturating_add(messages.saturating_mul(bundles::HELD_MESSAGE_BYTES))
     }
 
@@ -315,6 +324,7 @@ impl Carrier {
                     &undecodable.routing_key,
                     &undecodable.consumed,
                     &undecodable.parked,
+                    undecodable.vouched,
                 ))
                 .await
             }
@@ -345,9 +355,11 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        let read = self
-            .check_signature(&exchange, &properties, &data)
-            .and_then(|()| self.read(&exchange, &routing_key, &properties, redeliveries));
+        let signature = self.check_signature(&exchange, &properties, &data);
+        let vouched = signature.is_ok();
+        let read =
+            signature.and_then(|()| self.read(&exchange, &routing_key, &properties, redeliveries));
+        let taken_in = exchange.as_str() != self.shared.work_exchange;
         match read {
             Ok(envelope) => Ok(Decoded {
                 tag,
@@ -356,14 +368,39 @@ impl Carrier {
                 read_at,
                 waits_here: tag.inlet == Inlet::Returns,
                 lane: None,
-                taken_in: exchange.as_str() != self.shared.work_exchange,
+                taken_in,
+                redelivered: redeliveries.is_some(),
             }),
+            // A new message's `delay-bridge-*` headers are its publisher's: never parked as
+            // if they were the bridge's state (a replay would act on them).
+            Err(parked) if taken_in => {
+                let (consumed, forged) = contract::without_bridge_headers(&properties);
+                let parked = match forged {
+                    0 => parked,
+                    n => Parked::new(
+                        parked.reason,
+                        format!(
+                            "{}; {n} delay-bridge-* header(s) its publisher set were removed",
+                            parked.detail
+                        ),
+                    ),
+                };
+                Err(Box::new(Undecodable {
+                    tag,
+                    body: data,
+                    routing_key,
+                    consumed,
+                    parked,
+                    vouched: false,
+                }))
+            }
             Err(parked) => Err(Box::new(Undecodable {
                 tag,
                 body: data,
                 routing_key,
                 consumed: properties,
                 parked,
+                vouched,
             })),
         }
     }
@@ -390,6 +427,7 @@ impl Carrier {
             waits_here,
             lane,
             taken_in,
+            redelivered,
         } = moving;
         // A recurring schedule taken in replaces whatever its id named before.
         if *taken_in && envelope.occurrence.is_some() {
@@ -398,6 +436,19 @@ impl Carrier {
                 other => return other,
             }
         }
+        let reborn;
+        let envelope = match envelope.occurrence {
+            Some(_) if *redelivered && !self.cancelled(envelope) => {
+                match Box::pin(self.reborn(*tag, envelope)).await {
+                    Ok(copy) => {
+                        reborn = copy;
+                        &reborn
+                    }
+                    Err(outcome) => return outcome,
+                }
+            }
+            _ => envelope,
+        };
         let rules = self.rules();
         let mut situation = Situation {
             now_ms: now_ms(),
@@ -563,6 +614,7 @@ impl Carrier {
         let dropped = match envelope.occurrence {
             Some(occurrence) => tombstones.cancels_occurrence(
                 id.as_str(),
+                &envelope.target,
                 envelope.entered_at,
                 occurrence,
                 envelope.born,
@@ -605,7 +657,9 @@ impl Carrier {
         }
     }
 
-    /// Parks a message: `consumed` are the properties it was read with.
+    /// Parks a message: `consumed` are the properties it was read with; `vouched` when the
+    /// bridge state in them is the bridge's own, so that the parked copy is signed (see
+    /// [`Undecodable::vouched`]).
     async fn park(
         &self,
         tag: Tag,
@@ -613,6 +667,7 @@ impl Carrier {
         routing_key: &ShortString,
         consumed: &lapin::BasicProperties,
         parked: &Parked,
+        vouched: bool,
     ) -> Outcome {
         // The detail can quote a header value: only at debug.
         tracing::warn!(
@@ -623,9 +678,15 @@ impl Carrier {
         tracing::debug!(reason = parked.reason.as_str(), detail = %parked.detail, "parked detail");
         let exchange = self.shared.config.names.parked_exchange();
         let parked_at = now_ms();
-        let mut properties = parked_properties(consumed, parked, parked_at);
+        let vouch = |properties| match vouched {
+            true => self.signed(properties, body),
+            false => properties,
+        };
+        let mut properties = vouch(parked_properties(consumed, parked, parked_at));
         if !contract::fits_frame(&properties, self.frame_max) {
-            properties = contract::parked_properties_without_headers(consumed, parked, parked_at);
+            properties = vouch(contract::parked_properties_without_headers(
+                consumed, parked, parked_at,
+            ));
         }
         let attempt = Attempt::parked(tag, &exchange, routing_key.clone(), body, properties);
         match self.publish_until_settled(attempt).await {
@@ -652,7 +713,7 @@ impl Carrier {
                         again.detail
                     ),
                 );
-                Box::pin(self.park(tag, &[], routing_key, consumed, &without_body)).await
+                Box::pin(self.park(tag, &[], routing_key, consumed, &without_body, vouched)).await
             }
             // The parked queue refuses it too: leave it to the broker and say why.
             Settled::Park(again) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
@@ -742,14 +803,31 @@ impl Carrier {
             number,
             due_ms: envelope.deliver_at,
         };
-        Some((occurrence, recurrence.delivering(occurrence, now_ms())))
+        let now = now_ms();
+        let mut delivering = recurrence.delivering(occurrence, now);
+        // Held to this bridge's limits at every occurrence, not only at intake: a copy an
+        // older version or another configuration took in, or one whose rule changed on the
+        // way (possible without a state key), costs no more than a new one may. Checked
+        // only while another occurrence follows (a schedule that ends here has no gap).
+        let config = &self.shared.config;
+        if delivering.next.is_some()
+            && let Err(refused) = recurrence.check(now, config.ladder.smallest(), config.max_delay)
+        {
+            tracing::warn!(
+                message_id = ?envelope.properties.message_id,
+                %refused,
+                "a recurring schedule is beyond this bridge's limits: this occurrence is delivered, and the schedule ends"
+            );
+            delivering.next = None;
+        }
+        Some((occurrence, delivering))
     }
 
-    /// After an occurrence of a recurring schedule was delivered: its successor tombstone
-    /// into the cancel stream, then the copy of the next occurrence through the work
-    /// exchange, each confirmed, before the delivery is acknowledged. A copy carried twice
-    /// thus delivers its occurrence twice at most, and of the two next copies it publishes
-    /// only the one born last lives (see [`crate::cancel::Successors`]).
+    /// After an occurrence of a recurring schedule was delivered: the copy of the next
+    /// occurrence through the work exchange, confirmed before the delivery is acknowledged.
+    /// A delivery given back after that (a crash, a lost session) comes again redelivered:
+    /// it delivers its occurrence a second time at most, and is born again first
+    /// ([`Carrier::reborn`]), which drops the next copy published here.
     async fn schedule_next(
         &self,
         tag: Tag,
@@ -760,37 +838,19 @@ impl Carrier {
     ) -> Outcome {
         let instruments = &self.shared.instruments;
         instruments.occurrence(delivering.skipped);
-        let (Some(next), Some(id)) = (delivering.next, envelope.properties.message_id.clone())
-        else {
+        let Some(next) = delivering.next else {
             tracing::debug!(
                 occurrence = occurrence.number,
                 "the recurring schedule ended"
             );
             return Outcome::Done;
         };
-        let born = crate::cancel::birth(now_ms(), rand::random());
-        let successors = Successors {
-            message_id: id.to_string(),
-            entered_at: envelope.entered_at,
-            after_occurrence: occurrence.number,
-            born_before: born,
-            due_at: next.due_ms,
-        };
         let names = &self.shared.config.names;
-        let tombstone = Attempt::stream_entry(
-            tag,
-            &names.cancel_exchange(),
-            crate::cancel::successors_properties(id, &successors),
-        );
-        match self.own_publish(tombstone).await {
-            Outcome::Done => {}
-            other => return other,
-        }
+        // The next copy keeps this one's birth (its line): only a rebirth gives a new one.
         let next_copy = Envelope {
             deliver_at: next.due_ms,
             hops: 0,
             occurrence: Some(next.number),
-            born,
             ..envelope.clone()
         };
         let returns = names.returns_queue();
@@ -814,8 +874,65 @@ impl Carrier {
         outcome
     }
 
-    /// A recurring schedule taken in replaces what its id named before: a tombstone for
-    /// every copy of the id that entered before it, confirmed before its first hop.
+    /// A redelivered copy of a recurring occurrence is born again: a successor tombstone
+    /// ("of this schedule, drop every copy of this occurrence or a later one born before
+    /// now") into the cancel stream, confirmed, then the copy carried on with that birth,
+    /// which every later copy of its line keeps. What its line published before the
+    /// delivery was given back (a hop, or the next occurrence after a delivery) is then
+    /// dropped at its next step, and of two lines that a crash left (two copies in flight
+    /// redelivered) the one born again last lives; so a schedule never runs twice. The
+    /// stream takes an entry only for a redelivery, never for an occurrence delivered in
+    /// the ordinary way.
+    async fn reborn(&self, tag: Tag, envelope: &Envelope) -> Result<Envelope, Outcome> {
+        let (Some(number), Some(id)) = (envelope.occurrence, &envelope.properties.message_id)
+        else {
+            return Ok(envelope.clone());
+        };
+        // After its own line's birth whatever this instance's clock says: a copy born
+        // before its own tombstone would drop itself.
+        let born = crate::cancel::birth(now_ms(), rand::random()).max(envelope.born + 1);
+        // Kept until the latest copy it may have to drop is due: this occurrence's twin,
+        // or the next occurrence that twin published.
+        let headers = envelope.properties.headers.clone().unwrap_or_default();
+        let current = Occurrence {
+            number,
+            due_ms: envelope.deliver_at,
+        };
+        let due_at = Recurrence::from_headers(&headers, true)
+            .ok()
+            .flatten()
+            .and_then(|recurrence| recurrence.delivering(current, now_ms()).next)
+            .map_or(envelope.deliver_at, |next| {
+                next.due_ms.max(envelope.deliver_at)
+            });
+        let successors = Successors {
+            message_id: id.to_string(),
+            entered_at: envelope.entered_at,
+            after_occurrence: number.saturating_sub(1),
+            born_before: born,
+            due_at,
+        };
+        let tombstone = Attempt::stream_entry(
+            tag,
+            &self.shared.config.names.cancel_exchange(),
+            crate::cancel::successors_properties(id.clone(), &successors),
+        );
+        match self.own_publish(tombstone).await {
+            Outcome::Done => {
+                tracing::debug!(occurrence = number, "redelivered occurrence born again");
+                Ok(Envelope {
+                    born,
+                    ..envelope.clone()
+                })
+            }
+            other => Err(other),
+        }
+    }
+
+    /// A recurring schedule taken in replaces the schedules of its id bound for its target
+    /// that entered before it (a schedule's replacement in the cancel stream, confirmed
+    /// before its first hop). A one-off message of the id, or another target's schedule,
+    /// is not touched: publishing is not cancelling.
     async fn replace_older(&self, tag: Tag, envelope: &Envelope) -> Outcome {
         let Some(id) = envelope.properties.message_id.clone() else {
             return Outcome::Done;
@@ -823,7 +940,11 @@ impl Carrier {
         let attempt = Attempt::stream_entry(
             tag,
             &self.shared.config.names.cancel_exchange(),
-            crate::cancel::tombstone_properties(id, envelope.entered_at.saturating_sub(1), None),
+            crate::cancel::replaced_properties(
+                id,
+                &envelope.target,
+                envelope.entered_at.saturating_sub(1),
+            ),
         );
         self.own_publish(attempt).await
     }
@@ -1068,7 +1189,7 @@ impl Carrier {
         parked: Parked,
     ) -> Outcome {
         let consumed = consumed_properties(envelope);
-        Box::pin(self.park(tag, body, &envelope.routing_key, &consumed, &parked)).await
+        Box::pin(self.park(tag, body, &envelope.routing_key, &consumed, &parked, true)).await
     }
 }
 

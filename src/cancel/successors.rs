@@ -1,16 +1,23 @@
-//! Successor tombstones: how the copies of a recurring schedule's next occurrence that a
+//! Successor tombstones: how the copies of a recurring schedule's occurrence that a
 //! redelivery made twice are cut back to one.
 //!
-//! Delivering occurrence `n` of a schedule publishes the copy of the next occurrence before
-//! the delivery is acknowledged. A copy of occurrence `n` that is carried twice (its
-//! delivery, or a hop before it, redelivered after a lost session) would publish that next
-//! copy twice, and every later occurrence would then come twice. So each delivery of an
-//! occurrence first appends a successor tombstone to the cancel stream: "of the schedule
-//! `(message_id, entered_at)`, drop every copy of an occurrence after `n` born before
-//! `born`", where `born` is the birth of the copy it then publishes. Births are ordered
-//! (epoch milliseconds, then random bits), so of two copies of the next occurrence exactly
-//! the one born last survives: the tombstone of its parent drops the other. A successor
-//! tombstone leaves memory a grace after the occurrence it names was due.
+//! A copy of occurrence `n` is carried on a delivery that is acknowledged only once what
+//! replaces it is confirmed: a hop into a level, or after its delivery, the copy of the next
+//! occurrence. When that delivery is given back instead (a crash, a lost session), the
+//! broker redelivers it, and what was already published lives on beside what the
+//! redelivery publishes: every later occurrence would come twice. So a redelivered copy of
+//! an occurrence is first born again: the bridge appends a successor tombstone to the
+//! cancel stream, "of the schedule `(message_id, entered_at)`, drop every copy of an
+//! occurrence after `n - 1` born before `born`", with `born` its new birth, and carries the
+//! copy on with it. Births are ordered (epoch milliseconds, then random bits), and the copy
+//! of each next occurrence keeps its parent's birth: a birth names a line of copies. What
+//! the lost carrier published belongs to the older line and is dropped at its next step;
+//! when a crash leaves two lines (copies of two occurrences, both redelivered and born
+//! again), the one born again last drops the other. Only redeliveries write to the
+//! stream: a schedule delivered in the ordinary way adds nothing, however long it runs
+//! (before 0.2 each delivered occurrence appended one, naming the fresh birth of the next
+//! copy: such entries mean the same). A successor tombstone leaves memory a grace after
+//! the latest occurrence it names was due.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -21,7 +28,7 @@ pub struct Successors {
     pub message_id: String,
     /// When the schedule entered (every copy of it carries this).
     pub entered_at: u64,
-    /// The occurrence delivered: copies of later occurrences are dropped...
+    /// Copies of the occurrences after this one are dropped...
     pub after_occurrence: u64,
     /// ...when born before this.
     pub born_before: u64,

@@ -176,6 +176,17 @@ pub fn count(properties: &BasicProperties) -> Option<u64> {
         .filter(|count| *count > 0)
 }
 
+/// The fewest bytes a message takes in a bundle's body: the two lengths before its
+/// properties and its body.
+const SMALLEST_MEMBER_BYTES: u64 = 8;
+
+/// How many messages a bundle with `properties` and a body of `body_bytes` can carry at
+/// most: its count, but never more than the body could hold (the count is read before
+/// anything checks it, and a forged one must not make the bridge account for more).
+pub fn count_within(properties: &BasicProperties, body_bytes: usize) -> Option<u64> {
+    count(properties).map(|count| count.min(body_bytes as u64 / SMALLEST_MEMBER_BYTES))
+}
+
 /// The messages of a bundle whose properties are `properties` and whose body is `body`, or
 /// why it must be parked whole (`bad-state`: the count, the format or a length is wrong).
 pub fn decode_bundle<'a>(
@@ -350,6 +361,18 @@ mod tests {
             })
             .collect();
         assert_eq!(read, expected);
+    }
+
+    #[test]
+    fn a_forged_count_is_never_taken_beyond_what_the_body_holds() {
+        let mut headers = FieldTable::default();
+        headers.insert(header::BUNDLE.into(), AMQPValue::LongLongInt(i64::MAX));
+        let forged = BasicProperties::default().with_headers(headers);
+        assert_eq!(count(&forged), Some(i64::MAX as u64));
+        assert_eq!(count_within(&forged, 80), Some(10));
+        assert_eq!(count_within(&forged, 0), Some(0));
+        let (genuine, body) = bundle(&[(properties("one"), b"first".to_vec())]);
+        assert_eq!(count_within(&genuine, body.len()), Some(1));
     }
 
     #[test]

@@ -38,10 +38,13 @@ pub fn decode(
             )
         })?;
     let deliver_at = due_time(&headers, now_ms, intake.max_delay)?;
+    // A publish time ahead of the bridge's clock counts as now: a publisher whose copy
+    // entered later than any cancel could name would make it uncancellable.
     let entered_at = match headers.inner().get(header::PUBLISHED_AT) {
         None => now_ms,
         Some(value) => parse_published_at(value)
-            .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?,
+            .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?
+            .min(now_ms),
     };
     let first = first_occurrence(&headers, &raw, deliver_at, now_ms, intake)?;
     let (properties, stash) = split_publisher_properties(raw);

@@ -20,7 +20,7 @@ fn key(name: &str) -> ShortString {
 /// The properties of a hop into a level: the publisher's properties, persistent, without
 /// `expiration` and `user_id`, plus the bridge state headers (hop count incremented).
 pub fn hop_properties(envelope: &Envelope) -> BasicProperties {
-    with_state(envelope, envelope.hops + 1)
+    with_state(envelope, envelope.hops.saturating_add(1))
 }
 
 /// The properties the message was read with, rebuilt from the envelope (the publisher's
@@ -211,6 +211,29 @@ pub fn parked_properties(
     props.headers = Some(FieldTable::from(headers));
     props.delivery_mode = Some(PERSISTENT);
     props.into()
+}
+
+/// A new message's properties without the `delay-bridge-*` headers its publisher set, and
+/// how many there were: they are not the bridge's state, and a parked copy must not carry
+/// them as if they were (`parked replay` acts on the bridge state of a parked copy).
+pub fn without_bridge_headers(consumed: &BasicProperties) -> (BasicProperties, usize) {
+    let Some(headers) = consumed.headers().as_ref() else {
+        return (consumed.clone(), 0);
+    };
+    let kept: BTreeMap<ShortString, AMQPValue> = headers
+        .inner()
+        .iter()
+        .filter(|(k, _)| !k.as_str().starts_with(header::BRIDGE_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let removed = headers.inner().len() - kept.len();
+    match removed {
+        0 => (consumed.clone(), 0),
+        _ => (
+            consumed.clone().with_headers(FieldTable::from(kept)),
+            removed,
+        ),
+    }
 }
 
 /// A parked copy without the publisher's headers, for a message whose headers with the

@@ -1,14 +1,24 @@
-//! The bridge state's signature: an HMAC-SHA256, keyed by `bridge.state_key`, over the
-//! bridge headers (`delay-bridge-*`) of a copy travelling through the levels and its body
+//! The bridge state's signature: an HMAC-SHA256, keyed by `bridge.state_key`, over what
+//! the bridge acts on in a copy travelling through the levels: its bridge headers
+//! (`delay-bridge-*`), its `message_id` (the id cancels and schedules name), the publisher
+//! headers it reads on the way (`CC`, `BCC`, every `x-repeat-*` rule header) and its body
 //! (for a bundle, the body holds its messages and their state). A copy that comes back
 //! through the work exchange without a valid signature is parked `bad-state`, so a user
-//! who may write to the work exchange or a level cannot forge where, when and as whom the
-//! bridge delivers. Without a key nothing is signed or checked.
+//! who may write to the work exchange or a level cannot forge where, when, as whom, under
+//! which id or how often the bridge delivers. Without a key nothing is signed or checked.
 //!
-//! What is signed, in order: for each bridge header but the signature itself, by name
-//! (the table is sorted), its name and its value in a canonical form that does not depend
-//! on which AMQP integer or string type carried it; then the body. Each part is
-//! length-prefixed, so no two different copies sign the same bytes.
+//! Two signatures travel together. `delay-bridge-signature-v2` covers all of the above;
+//! `delay-bridge-signature` (v1, the only one before 0.2) covers the bridge headers (the
+//! v2 one included) and the body, so a bridge of an older version on the same prefix still
+//! checks what a newer one signed. A copy with only the v1 signature (signed by an older
+//! version) is accepted only while `bridge.accept_unsigned_state` is set: its id and rule
+//! could have been changed without breaking it.
+//!
+//! What is signed, in order: for each bridge header but the signatures, by name (the table
+//! is sorted), its name and its value in a canonical form that does not depend on which
+//! AMQP integer or string type carried it; for v2 then the `message_id` and the publisher
+//! headers above, each by name; then the body. Each part is length-prefixed, so no two
+//! different copies sign the same bytes.
 
 use hmac::{Hmac, Mac};
 use lapin::BasicProperties;
@@ -50,8 +60,8 @@ impl StateKeys {
         })
     }
 
-    /// `properties` with the signature header of `properties` and `body` set (replacing
-    /// any there).
+    /// `properties` with both signature headers of `properties` and `body` set (replacing
+    /// any there): v2 first, then v1 over the bridge headers with v2 among them.
     pub fn sign(&self, properties: BasicProperties, body: &[u8]) -> BasicProperties {
         let mut headers = properties
             .headers()
@@ -59,18 +69,26 @@ impl StateKeys {
             .map(|h| h.inner().clone())
             .unwrap_or_default();
         headers.remove(header::STATE_SIGNATURE);
+        headers.remove(header::STATE_SIGNATURE_V2);
+        let message_id = properties.message_id().as_ref();
+        let v2 = Coverage::V2 { message_id };
         let table = FieldTable::from(headers.clone());
-        let signature = hex::encode(mac(&self.current, &table, body).finalize().into_bytes());
+        headers.insert(
+            ShortString::from(header::STATE_SIGNATURE_V2),
+            hex_value(mac(&self.current, &table, body, v2)),
+        );
+        let table = FieldTable::from(headers.clone());
         headers.insert(
             ShortString::from(header::STATE_SIGNATURE),
-            AMQPValue::LongString(LongString::from(signature)),
+            hex_value(mac(&self.current, &table, body, Coverage::V1)),
         );
         properties.with_headers(FieldTable::from(headers))
     }
 
     /// Whether the signature of a copy with `properties` and `body` is valid under the
-    /// current or the previous key; else the reason to park it. An unsigned copy is
-    /// accepted only when `accept_unsigned` (while a key is being introduced).
+    /// current or the previous key; else the reason to park it. A copy signed by an older
+    /// version (v1 only) or not signed at all is accepted only when `accept_unsigned`
+    /// (while a key is being introduced, or during an upgrade from a version before 0.2).
     pub fn verify(
         &self,
         properties: &BasicProperties,
@@ -79,14 +97,32 @@ impl StateKeys {
     ) -> Result<(), Parked> {
         let empty = FieldTable::default();
         let table = properties.headers().as_ref().unwrap_or(&empty);
-        let Some(given) = table.inner().get(header::STATE_SIGNATURE) else {
-            if accept_unsigned {
-                return Ok(());
+        let (given, coverage) = match (
+            table.inner().get(header::STATE_SIGNATURE_V2),
+            table.inner().get(header::STATE_SIGNATURE),
+        ) {
+            (Some(v2), _) => (
+                v2,
+                Coverage::V2 {
+                    message_id: properties.message_id().as_ref(),
+                },
+            ),
+            (None, Some(v1)) if accept_unsigned => (v1, Coverage::V1),
+            (None, Some(_)) => {
+                return Err(Parked::new(
+                    ParkReason::BadState,
+                    "the bridge state carries only the signature of a version before 0.2, \
+                     which leaves its message id and rule unsigned (accepted only while \
+                     bridge.accept_unsigned_state is set)",
+                ));
             }
-            return Err(Parked::new(
-                ParkReason::BadState,
-                "the bridge state is not signed (bridge.state_key is set)",
-            ));
+            (None, None) if accept_unsigned => return Ok(()),
+            (None, None) => {
+                return Err(Parked::new(
+                    ParkReason::BadState,
+                    "the bridge state is not signed (bridge.state_key is set)",
+                ));
+            }
         };
         let given = match given {
             AMQPValue::LongString(text) => hex::decode(text.as_bytes()).ok(),
@@ -96,7 +132,7 @@ impl StateKeys {
         let valid = given.is_some_and(|given| {
             std::iter::once(&self.current)
                 .chain(self.previous.as_ref())
-                .any(|key| mac(key, table, body).verify_slice(&given).is_ok())
+                .any(|key| mac(key, table, body, coverage).verify_slice(&given).is_ok())
         });
         if valid {
             Ok(())
@@ -110,17 +146,65 @@ impl StateKeys {
     }
 }
 
-/// The HMAC of the bridge headers of `table` (but the signature) and `body`, not yet
-/// finalized.
-fn mac(key: &[u8], table: &FieldTable, body: &[u8]) -> HmacSha256 {
+/// What a signature covers besides the bridge headers and the body.
+#[derive(Clone, Copy)]
+enum Coverage<'a> {
+    /// Nothing more (`delay-bridge-signature`, every version).
+    V1,
+    /// The `message_id` and the publisher headers the bridge acts on
+    /// (`delay-bridge-signature-v2`, from 0.2).
+    V2 {
+        /// The copy's `message_id`.
+        message_id: Option<&'a ShortString>,
+    },
+}
+
+/// Whether a publisher header is one the bridge acts on in flight, and so signed by v2:
+/// `CC`, `BCC` (extra routing keys at the target) and the recurring rule (`x-repeat-*`).
+fn acted_on(name: &str) -> bool {
+    name == header::CC || name == header::BCC || name.starts_with(REPEAT_PREFIX)
+}
+
+/// The prefix of the recurring rule's headers.
+const REPEAT_PREFIX: &str = "x-repeat-";
+
+/// `mac` finalized, as the hex text a signature header holds.
+fn hex_value(mac: HmacSha256) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(hex::encode(mac.finalize().into_bytes())))
+}
+
+/// The HMAC of the bridge headers of `table` (but the signatures; v1 does not leave out
+/// the v2 one, which it predates), what `coverage` adds, and `body`, not yet finalized.
+fn mac(key: &[u8], table: &FieldTable, body: &[u8], coverage: Coverage<'_>) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    let left_out: &[&str] = match coverage {
+        Coverage::V1 => &[header::STATE_SIGNATURE],
+        Coverage::V2 { .. } => &[header::STATE_SIGNATURE, header::STATE_SIGNATURE_V2],
+    };
     for (name, value) in table.inner() {
         let name = name.as_str();
-        if !name.starts_with(header::BRIDGE_PREFIX) || name == header::STATE_SIGNATURE {
+        if !name.starts_with(header::BRIDGE_PREFIX) || left_out.contains(&name) {
             continue;
         }
         part(&mut mac, name.as_bytes());
         canonical(&mut mac, value);
+    }
+    if let Coverage::V2 { message_id } = coverage {
+        // Tagged apart from the headers' names, which cannot be empty.
+        part(&mut mac, b"");
+        match message_id {
+            Some(id) => {
+                mac.update(b"s");
+                part(&mut mac, id.as_str().as_bytes());
+            }
+            None => mac.update(b"-"),
+        }
+        for (name, value) in table.inner() {
+            if acted_on(name.as_str()) {
+                part(&mut mac, name.as_str().as_bytes());
+                canonical(&mut mac, value);
+            }
+        }
     }
     part(&mut mac, body);
     mac
@@ -280,12 +364,91 @@ mod tests {
         // A garbled signature is a bad one, never a panic.
         let garbled = with_header(
             &signed_before,
-            header::STATE_SIGNATURE,
+            header::STATE_SIGNATURE_V2,
             AMQPValue::LongString("zz".into()),
         );
         assert!(rotated.verify(&garbled, b"", false).is_err());
         assert!(StateKeys::new(b"too short", None).is_none());
         assert_eq!(format!("{keys:?}"), "StateKeys(<redacted>)");
+    }
+
+    /// A copy signed as a version before 0.2 signed it: v1 only.
+    fn signed_as_before(
+        keys: &StateKeys,
+        properties: BasicProperties,
+        body: &[u8],
+    ) -> BasicProperties {
+        let table = properties.headers().clone().unwrap_or_default();
+        let v1 = hex_value(mac(&keys.current, &table, body, Coverage::V1));
+        with_header(&properties, header::STATE_SIGNATURE, v1)
+    }
+
+    #[test]
+    fn the_message_id_cc_bcc_and_the_rule_are_signed_too() {
+        let keys = keys();
+        let copy = with_header(
+            &state("orders", 1_000).with_message_id("order-1".into()),
+            "x-repeat-every",
+            AMQPValue::LongString("1h".into()),
+        );
+        let signed = keys.sign(copy, b"body");
+        assert_eq!(keys.verify(&signed, b"body", false), Ok(()));
+        let changed = [
+            signed.clone().with_message_id("someone-else".into()),
+            with_header(
+                &signed,
+                "CC",
+                AMQPValue::LongString("refund.approved".into()),
+            ),
+            with_header(&signed, "BCC", AMQPValue::LongString("audit".into())),
+            with_header(
+                &signed,
+                "x-repeat-every",
+                AMQPValue::LongString("1s".into()),
+            ),
+            with_header(&signed, "x-repeat-count", AMQPValue::LongLongInt(1_000_000)),
+        ];
+        for forged in &changed {
+            let parked = keys.verify(forged, b"body", false).unwrap_err();
+            assert_eq!(parked.reason, ParkReason::BadState, "{forged:?}");
+        }
+        // What the bridge does not act on may change on the way, as before.
+        let other = with_header(&signed, "publisher-header", AMQPValue::LongLongInt(7));
+        assert_eq!(keys.verify(&other, b"body", false), Ok(()));
+    }
+
+    #[test]
+    fn an_older_version_verifies_what_this_one_signs_and_its_own_copies_need_the_upgrade_switch() {
+        let keys = keys();
+        let signed = keys.sign(state("orders", 1_000).with_message_id("m".into()), b"body");
+        // An older version checks v1 over every bridge header but v1: the v2 one included.
+        let table = signed.headers().clone().unwrap();
+        let v1 = match table.inner().get(header::STATE_SIGNATURE) {
+            Some(AMQPValue::LongString(text)) => hex::decode(text.as_bytes()).unwrap(),
+            other => panic!("no v1 signature: {other:?}"),
+        };
+        assert!(
+            mac(&keys.current, &table, b"body", Coverage::V1)
+                .verify_slice(&v1)
+                .is_ok()
+        );
+        // What an older version signed: only while unsigned state is accepted, and then
+        // still checked.
+        let before = signed_as_before(&keys, state("orders", 1_000), b"body");
+        let refused = keys.verify(&before, b"body", false).unwrap_err();
+        assert!(refused.detail.contains("before 0.2"), "{}", refused.detail);
+        assert_eq!(keys.verify(&before, b"body", true), Ok(()));
+        let forged_before = with_header(
+            &before,
+            header::STATE_TARGET,
+            AMQPValue::LongString("x".into()),
+        );
+        assert!(keys.verify(&forged_before, b"body", true).is_err());
+        // Stripping v2 from a copy this version signed does not downgrade it.
+        let mut stripped = signed.headers().clone().unwrap().inner().clone();
+        stripped.remove(header::STATE_SIGNATURE_V2);
+        let stripped = signed.clone().with_headers(FieldTable::from(stripped));
+        assert!(keys.verify(&stripped, b"body", false).is_err());
     }
 
     proptest! {

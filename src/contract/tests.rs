@@ -612,6 +612,29 @@ fn a_copy_entered_when_published_or_else_when_first_read() {
 }
 
 #[test]
+fn a_published_at_ahead_of_the_bridges_clock_counts_as_now() {
+    // A year ahead: no cancel could reach the copy if it were taken as given.
+    let ahead = NOW + 366 * 86_400_000;
+    let env = decode_with(
+        "in",
+        &with_headers(vec![(
+            header::PUBLISHED_AT,
+            AMQPValue::LongLongInt(ahead as i64),
+        )]),
+    )
+    .unwrap();
+    assert_eq!(env.entered_at, NOW);
+}
+
+#[test]
+fn a_hop_count_at_its_largest_stays_there() {
+    let mut env = decode_with("in", &BasicProperties::default()).unwrap();
+    env.hops = u32::MAX;
+    let back = decode_with(WORK, &through_level(&hop_properties(&env))).unwrap();
+    assert_eq!(back.hops, u32::MAX);
+}
+
+#[test]
 fn a_bad_published_at_is_parked_with_a_reason() {
     for (value, words) in [
         (ls("yesterday"), "epoch milliseconds"),

@@ -91,7 +91,6 @@ pub async fn act(
                 .await
                 .map_err(|e| ParkedError::Replay(e.into()))?,
             work_exchange: ShortString::from(names.work_exchange()),
-            state_keys: replay.state_keys.cloned(),
         }),
         _ => None,
     };
@@ -99,6 +98,7 @@ pub async fn act(
         connection,
         &queue,
         replay_into,
+        replay.state_keys,
         action,
         filter,
         limit,
@@ -113,24 +113,27 @@ pub struct Replay<'a> {
     /// How long a copy waits for the broker's confirm.
     pub confirm_timeout: Duration,
     /// The key each copy's bridge state is signed with (`bridge.state_key`), if any: the
-    /// bridges park an unsigned copy when they have one.
+    /// bridges park an unsigned copy when they have one. With a key, only a parked copy the
+    /// bridge itself signed when it parked it is replayable (and signed anew): a copy whose
+    /// state a publisher forged, that failed its signature, or that an older version
+    /// parked, is listed as not replayable and stays parked.
     pub state_keys: Option<&'a StateKeys>,
 }
 
-/// Where a replay publishes: the publisher, the work exchange, and the key that signs
-/// each copy.
+/// Where a replay publishes: the publisher and the work exchange.
 struct ReplayInto {
     publisher: Publisher,
     work_exchange: ShortString,
-    state_keys: Option<StateKeys>,
 }
 
 /// [`act`] on the parked queue `queue`; a replay publishes as `replay_into` says (none on a
-/// list, a purge or a dry run).
+/// list, a purge or a dry run); with `state_keys`, only copies they verify are replayable.
+#[allow(clippy::too_many_arguments)]
 async fn act_on(
     connection: &wire::Connection,
     queue: &str,
     replay_into: Option<ReplayInto>,
+    state_keys: Option<&StateKeys>,
     action: Action,
     filter: &Filter,
     limit: usize,
@@ -179,7 +182,7 @@ async fn act_on(
                 Ok(Ok(None)) | Err(_) => break,
             };
             report.scanned += 1;
-            let message = match &delivery.unreadable {
+            let mut message = match &delivery.unreadable {
                 None => ParkedMessage::describe(
                     delivery.routing_key.as_str(),
                     &delivery.properties,
@@ -191,13 +194,24 @@ async fn act_on(
                     delivery.data.len(),
                 ),
             };
+            // With a key, a parked copy is replayable only when the bridge signed it.
+            let unvouched = match state_keys {
+                Some(keys) if message.replayable => keys
+                    .verify(&delivery.properties, &delivery.data, false)
+                    .err()
+                    .map(|refused| refused.detail),
+                _ => None,
+            };
+            if unvouched.is_some() {
+                message.replayable = false;
+            }
             if filter.matches(&message, now_ms()) {
-                chosen.push((delivery, message));
+                chosen.push((delivery, message, unvouched));
             }
         }
         // No more deliveries: each removal below would make room for one.
         channel.cancel(deliveries.tag()).await.map_err(fail)?;
-        for (delivery, message) in chosen {
+        for (delivery, message, unvouched) in chosen {
             let mut outcome = Outcome {
                 message,
                 done: false,
@@ -211,14 +225,17 @@ async fn act_on(
                     outcome.done = true;
                 }
                 (Action::Replay, _) if !outcome.message.replayable => {
-                    outcome.note = Some(
-                        "not replayable: parked before a bridge read it (no due time and target); fix it and publish it again".into(),
-                    );
+                    outcome.note = Some(match unvouched {
+                        Some(why) => format!(
+                            "not replayable: the bridge did not sign its state when it parked it ({why}); a copy a publisher forged, that failed its signature, or that a version before 0.2 parked is never signed again: read it, and publish what it should be to an ingress"
+                        ),
+                        None => "not replayable: parked before a bridge read it (no due time and target); fix it and publish it again".into(),
+                    });
                 }
                 (Action::Replay, None) => {}
                 (Action::Replay, Some(into)) => {
                     let mut properties = replay_properties(&delivery.properties);
-                    if let Some(keys) = &into.state_keys {
+                    if let Some(keys) = state_keys {
                         properties = keys.sign(properties, &delivery.data);
                     }
                     let disposition = into

@@ -646,9 +646,19 @@ async fn a_canceller_clock_ahead_does_not_cancel_a_later_reschedule() {
         stats.snapshot().tombstones == 1
     })
     .await;
+    // A copy cannot have entered after the bridge read it: `x-published-at` counts at most
+    // as the bridge's now. So the reschedule comes once the clock allowance has passed.
+    let read_at = now_ms();
+    tokio::time::sleep(Duration::from_millis(
+        delay_bridge::cancel::CLOCK_ALLOWANCE_MS + 100,
+    ))
+    .await;
     let rescheduled = headers(vec![
         ("x-delay", AMQPValue::LongLongInt(300)),
-        ("x-published-at", AMQPValue::LongLongInt(now as i64 + 2_500)),
+        (
+            "x-published-at",
+            AMQPValue::LongLongInt(read_at as i64 + 3_600_000),
+        ),
     ]);
     w.publish(
         "rk.clock",

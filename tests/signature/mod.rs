@@ -140,34 +140,58 @@ async fn without_a_key_or_while_unsigned_copies_are_accepted_forged_state_is_del
 }
 
 /// `parked replay` signs the copies it sends back through the work exchange with the
-/// configured key: a message parked at delivery comes back and is delivered, not parked
-/// again `bad-state`.
+/// configured key: a message the bridge parked at delivery (it signed the parked copy) comes
+/// back and is delivered, not parked again `bad-state`. A copy written into the parked queue
+/// by hand, whose state no bridge signed, is not replayable.
 #[tokio::test]
 async fn a_replay_signs_what_it_sends_back() {
     let mut w = world_with_key("replay", false, Some(KEY), false).await;
-    let mut parked = in_flight(7, now_ms(), &w.target)
+    let parked_queue = w.config.names.parked_queue();
+    let mut by_hand = in_flight(7, now_ms(), &w.target)
         .headers()
         .clone()
         .expect("state headers");
-    parked.insert(header::REASON.into(), text("unroutable"));
-    let parked_queue = w.config.names.parked_queue();
+    by_hand.insert(header::REASON.into(), text("unroutable"));
     publish_to(
         &w.publisher,
         "",
         &parked_queue,
-        b"parked",
+        b"by hand",
         lapin::BasicProperties::default()
             .with_message_id("7".into())
             .with_delivery_mode(2)
-            .with_headers(parked),
+            .with_headers(by_hand),
+    )
+    .await;
+    // Unroutable at the target (which binds `rk.#`): the bridge parks it.
+    w.publish("nobody.8", b"parked", with_delay(200)).await;
+    let deadline = std::time::Instant::now() + 10 * SEC;
+    while w.queue_depth(&parked_queue).await < 2 {
+        assert!(std::time::Instant::now() < deadline, "not parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.declare_bound_queue(
+        &format!("{}.nobody", w.prefix()),
+        &w.target.clone(),
+        "nobody.#",
     )
     .await;
     let config = w.config_file(4000);
     let (ok, out) = run_command(&config, &["parked", "replay", "--json"]).await;
-    assert!(ok, "{out}");
-    let got = w.recv_within(10 * SEC).await;
-    assert_eq!(got.routing_key, "rk.forged.7");
-    assert_eq!(w.queue_depth(&parked_queue).await, 0, "not parked again");
+    assert!(!ok, "the copy written by hand stays parked: {out}");
+    assert!(out.contains("did not sign its state"), "{out}");
+    assert_eq!(
+        w.queue_depth(&parked_queue).await,
+        1,
+        "the bridge's own went"
+    );
+    let nobody = format!("{}.nobody", w.prefix());
+    let deadline = std::time::Instant::now() + 10 * SEC;
+    while w.queue_depth(&nobody).await < 1 {
+        assert!(std::time::Instant::now() < deadline, "not delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(w.queue_depth(&parked_queue).await, 1, "not parked again");
     w.assert_quiet(SEC).await;
     w.cleanup().await;
 }

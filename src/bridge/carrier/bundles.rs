@@ -295,17 +295,18 @@ impl Carrier {
             data,
             ..
         } = delivery;
-        let unreadable = |body, routing_key, consumed, parked| {
+        let unreadable = |body, routing_key, consumed, parked, vouched| {
             PreparedBundle::Unreadable(Box::new(Undecodable {
                 tag,
                 body,
                 routing_key,
                 consumed,
                 parked,
+                vouched,
             }))
         };
         if let Err(parked) = self.check_signature(&exchange, &properties, &data) {
-            return unreadable(data, routing_key, properties, parked);
+            return unreadable(data, routing_key, properties, parked, false);
         }
         let too_often = self.redelivered_too_often(&properties, redeliveries);
         let summary = bundle::summary(&properties);
@@ -326,9 +327,19 @@ impl Carrier {
                 summary,
             }));
         }
-        match self.read_bundle(tag, &exchange, &routing_key, &properties, &data, too_often) {
+        let redelivered = redeliveries.is_some();
+        let read = self.read_bundle(
+            tag,
+            &exchange,
+            &routing_key,
+            &properties,
+            &data,
+            too_often,
+            redelivered,
+        );
+        match read {
             Ok(bundle) => PreparedBundle::Read(bundle),
-            Err(parked) => unreadable(data, routing_key, properties, parked),
+            Err(parked) => unreadable(data, routing_key, properties, parked, true),
         }
     }
 
@@ -339,8 +350,10 @@ impl Carrier {
     }
 
     /// Reads a bundle's messages from its `properties` and `body`, each decoded (or parked
-    /// as `too_often` says), with the hops its header says their state does not count; why
-    /// the whole bundle is parked when it cannot be read.
+    /// as `too_often` says), with the hops its header says their state does not count, and
+    /// `redelivered` when the broker flagged the bundle's delivery so; why the whole bundle
+    /// is parked when it cannot be read.
+    #[allow(clippy::too_many_arguments)]
     fn read_bundle(
         &self,
         tag: Tag,
@@ -349,6 +362,7 @@ impl Carrier {
         properties: &BasicProperties,
         body: &[u8],
         too_often: Option<Parked>,
+        redelivered: bool,
     ) -> Result<Bundle, Parked> {
         let read_at = now_ms();
         let members = bundle::decode_bundle(properties, body)?;
@@ -380,6 +394,7 @@ impl Carrier {
                             waits_here,
                             lane: Some(lane),
                             taken_in: false,
+                            redelivered,
                         })
                     }
                     Err(parked) => Err(Box::new(Undecodable {
@@ -388,6 +403,7 @@ impl Carrier {
                         routing_key: routing_key.clone(),
                         consumed: properties,
                         parked,
+                        vouched: true,
                     })),
                 }
             })
@@ -510,6 +526,9 @@ impl Carrier {
                     &sealed.properties,
                     &sealed.body,
                     None,
+                    // A sealed bundle holds no recurring occurrence (it has no summary
+                    // then): nothing in it is born again.
+                    false,
                 );
                 match read {
                     Ok(bundle) => self.carry_messages(&bundle).await,
@@ -520,6 +539,7 @@ impl Carrier {
                             &sealed.routing_key,
                             &sealed.properties,
                             &parked,
+                            true,
                         ))
                         .await
                     }
@@ -532,6 +552,7 @@ impl Carrier {
                     &unreadable.routing_key,
                     &unreadable.consumed,
                     &unreadable.parked,
+                    unreadable.vouched,
                 ))
                 .await
             }

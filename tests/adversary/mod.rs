@@ -1,0 +1,537 @@
+//! The adversary suite: a publisher is not an administrator. Each test runs a bridge with a
+//! state key and two routes (the world's own, and `<prefix>.pay.in` → `<prefix>.payments`,
+//! whose queue takes every routing key), and attacks it as a user holding exactly the
+//! rights `delay-bridge permissions` prints for its role (a publisher, a canceller, an
+//! operator), or, where the attack needs more than a publisher has, as a user who may write
+//! to the work exchange. Each asserts that nothing reaches a queue it should not, nothing is
+//! cancelled that should not be, what the stream holds stays bounded, and a genuine message
+//! published alongside still arrives on time.
+
+use std::time::Duration;
+
+use delay_bridge::client::Client;
+use delay_bridge::clock::now_ms;
+use delay_bridge::config::{BrokerUrl, Route};
+use delay_bridge::contract::signature::StateKeys;
+use delay_bridge::contract::{bundle, header};
+use delay_bridge::permissions::grants;
+use delay_bridge::sandbox::process::ConfigFile;
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicGetOptions, BasicQosOptions, ConfirmSelectOptions, QueueBindOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::mpsc;
+
+use crate::bundles::in_flight;
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The suite's state key.
+const KEY: &[u8] = b"adversary-suite-key-0123456789ab";
+
+/// A year, in ms.
+const YEAR_MS: u64 = 366 * 86_400_000;
+
+/// A bridge with a key and two routes, the recipe's users, and the other route's queue
+/// watched.
+struct Arena {
+    w: World,
+    /// The world's own route's ingress.
+    ingress: String,
+    /// The other route: its ingress and its target exchange.
+    other_ingress: String,
+    other_target: String,
+    /// What reached the other route's queue.
+    other: mpsc::UnboundedReceiver<Received>,
+    /// A confirming channel of the recipe's publisher (and its connection, kept open).
+    publisher: Channel,
+    _publisher_connection: Connection,
+    /// The recipe's canceller and operator, as configurations of the `delay-bridge` command.
+    canceller_url: String,
+    operator: ConfigFile,
+    _users: Vec<TestUser>,
+}
+
+impl Arena {
+    async fn start(test: &str) -> Arena {
+        let mut w = World::start(Setup {
+            start_bridge: false,
+            watch_parked: false,
+            ..Setup::new(test)
+        })
+        .await;
+        let ingress = w.config.routes[0].ingress.clone();
+        let other_ingress = format!("{}.pay.in", w.prefix());
+        let other_target = format!("{}.payments", w.prefix());
+        let other_queue = format!("{}.payments.all", w.prefix());
+        w.add_route(Route::new(other_ingress.clone(), other_target.clone()))
+            .await
+            .expect("second route");
+        w.declare_extra_exchange(&other_target, ExchangeKind::Topic)
+            .await;
+        w.declare_bound_queue(&other_queue, &other_target, "#")
+            .await;
+        let other = watch_queue(&w.conn, &other_queue).await;
+        let file = std::env::temp_dir().join(format!("{}.key", w.prefix()));
+        std::fs::write(&file, KEY).expect("key file written");
+        w.config.state_key_files = (Some(file), None);
+        w.config.state_keys = Some(StateKeys::new(KEY, None).expect("a long enough key"));
+        w.start_bridge().await;
+
+        let tag = format!("{:08x}", rand::random::<u32>());
+        let recipe = grants(&w.config);
+        let mut users = Vec::new();
+        let mut url_of = |role: &str| {
+            let grant = recipe.iter().find(|g| g.role == role).expect("a role");
+            let password = format!("pw-{tag}");
+            let user = TestUser::create(
+                &format!("adv-{role}-{tag}"),
+                &password,
+                [&grant.configure, &grant.write, &grant.read],
+            );
+            let url = user.url(&password);
+            users.push(user);
+            url
+        };
+        let publisher_url = url_of("publisher");
+        let canceller_url = url_of("canceller");
+        let operator_url = url_of("operator");
+        let mut operator_config = w.config.clone();
+        operator_config.urls = vec![BrokerUrl::parse(&operator_url).expect("a URL")];
+        let operator = ConfigFile::write(&operator_config).expect("config written");
+        let connection = Connection::connect(&publisher_url, ConnectionProperties::default())
+            .await
+            .expect("the publisher connects");
+        let publisher = connection.create_channel().await.unwrap();
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        Arena {
+            w,
+            ingress,
+            other_ingress,
+            other_target,
+            other,
+            publisher,
+            _publisher_connection: connection,
+            canceller_url,
+            operator,
+            _users: users,
+        }
+    }
+
+    /// Publishes as the recipe's publisher, confirmed.
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) {
+        publish_to(&self.publisher, exchange, routing_key, body, props).await;
+    }
+
+    /// `delay-bridge parked <args> --json` as the recipe's operator: its exit success and
+    /// report.
+    async fn parked(&self, args: &[&str]) -> (bool, serde_json::Value) {
+        let mut command = vec!["parked"];
+        command.extend_from_slice(args);
+        command.push("--json");
+        let (ok, stdout) = run_command(&self.operator, &command).await;
+        (ok, serde_json::from_str(&stdout).unwrap_or_default())
+    }
+
+    /// Waits until the parked queue holds `n` messages.
+    async fn parked_depth(&self, n: u64, within: Duration) {
+        let queue = self.w.config.names.parked_queue();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let depth = self.w.queue_depth(&queue).await;
+            if depth == n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the parked queue held {depth}, not {n}, after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asserts that nothing reaches the other route's queue for `quiet`.
+    async fn assert_other_quiet(&mut self, quiet: Duration) {
+        if let Ok(Some(got)) = tokio::time::timeout(quiet, self.other.recv()).await {
+            panic!(
+                "reached the other route's queue: {:?} {:?}",
+                got.routing_key,
+                String::from_utf8_lossy(&got.body)
+            );
+        }
+    }
+
+    async fn cleanup(self) {
+        self.w.cleanup().await;
+    }
+}
+
+/// Headers of a new message with `entries`.
+fn with(entries: Vec<(&str, AMQPValue)>) -> BasicProperties {
+    BasicProperties::default().with_headers(headers(entries))
+}
+
+fn int(v: u64) -> AMQPValue {
+    AMQPValue::LongLongInt(v as i64)
+}
+
+/// The selected messages of a `parked --json` report (each message's description, with
+/// `done` and `note`).
+fn selected(report: &serde_json::Value) -> Vec<serde_json::Value> {
+    report["selected"].as_array().cloned().unwrap_or_default()
+}
+
+/// A publisher sends to its ingress a message with a bad `x-delay` and its own bridge state
+/// bound for the other route's target (with a routing key, a user and an entry time no
+/// cancel reaches), and one that says it is a bundle of such state: both are parked
+/// `bad-delay` without those headers, listed as not replayable, and a replay as the
+/// recipe's operator sends nothing anywhere.
+#[tokio::test]
+async fn a_publishers_forged_state_never_reaches_another_route_through_a_replay() {
+    let mut a = Arena::start("adv-replay").await;
+    let now = now_ms();
+    let forged_state = |id: &str, extra: Vec<(&str, AMQPValue)>| {
+        let mut entries = vec![
+            ("x-delay", text("garbage")),
+            (header::STATE_TARGET, text(&a.other_target)),
+            (header::STATE_ROUTING_KEY, text("refund.approved")),
+            (header::STATE_DELIVER_AT, int(now)),
+            (header::STATE_FIRST_SEEN, int(now)),
+            (header::STATE_ENTERED_AT, int(now + 10 * YEAR_MS)),
+            (header::STATE_USER_ID, text("admin")),
+            (header::STATE_HOPS, int(0)),
+        ];
+        entries.extend(extra);
+        with(entries).with_message_id(id.into())
+    };
+    a.publish(
+        &a.ingress,
+        "rk.forged",
+        b"forged",
+        forged_state("forged-1", vec![]),
+    )
+    .await;
+    let member = bundle::encode_member(&in_flight(2, now, &a.other_target), b"in a bundle")
+        .expect("a member");
+    a.publish(
+        &a.ingress,
+        "rk.forged",
+        &bundle::bundle_body([member.as_slice()]),
+        forged_state("forged-2", vec![(header::BUNDLE, int(1))]),
+    )
+    .await;
+    a.publish(&a.ingress, "rk.genuine", b"genuine", with_delay(1_000))
+        .await;
+    a.parked_depth(2, 10 * SEC).await;
+
+    let (ok, listed) = a.parked(&["list"]).await;
+    assert!(ok, "parked list as the operator: {listed}");
+    for message in selected(&listed) {
+        let m = &message;
+        assert_eq!(m["reason"], "bad-delay", "{m}");
+        assert_eq!(m["replayable"], false, "{m}");
+        assert!(
+            m["target"].is_null(),
+            "the publisher's target is not kept: {m}"
+        );
+    }
+    let (ok, replayed) = a.parked(&["replay"]).await;
+    assert!(!ok, "both stay parked, and the command says so: {replayed}");
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"genuine");
+    a.assert_other_quiet(3 * SEC).await;
+    a.w.assert_quiet(SEC).await;
+    a.parked_depth(2, SEC).await;
+    a.cleanup().await;
+}
+
+/// Copies that failed their signature (written into the work exchange by a user who may,
+/// bound for the other route's target) are parked `bad-state` and never signed again by a
+/// replay; a copy the bridge itself parked (`unroutable`) is replayed and delivered.
+#[tokio::test]
+async fn a_copy_that_failed_its_signature_is_never_signed_again_by_a_replay() {
+    let mut a = Arena::start("adv-bad-state").await;
+    let work = a.w.config.names.work_exchange();
+    let now = now_ms();
+    publish_to(
+        &a.w.publisher,
+        &work,
+        "forged",
+        b"unsigned",
+        in_flight(1, now, &a.other_target),
+    )
+    .await;
+    let other_key = StateKeys::new(b"another key, at least 16 bytes", None).unwrap();
+    let elsewhere = other_key.sign(in_flight(2, now, &a.other_target), b"signed elsewhere");
+    publish_to(
+        &a.w.publisher,
+        &work,
+        "forged",
+        b"signed elsewhere",
+        elsewhere,
+    )
+    .await;
+    // The bridge's own: unroutable at the world's target (which binds `rk.#` only).
+    a.publish(
+        &a.ingress,
+        "nobody.genuine",
+        b"genuine",
+        with_delay(300).with_message_id("genuine".into()),
+    )
+    .await;
+    a.parked_depth(3, 10 * SEC).await;
+
+    let (ok, listed) = a.parked(&["list"]).await;
+    assert!(ok, "{listed}");
+    let by_reason = |reason: &str| {
+        selected(&listed)
+            .into_iter()
+            .filter(|m| m["reason"] == reason)
+            .map(|m| m["replayable"].as_bool())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(by_reason("bad-state"), vec![Some(false), Some(false)]);
+    assert_eq!(by_reason("unroutable"), vec![Some(true)]);
+
+    let channel = a.w.conn.create_channel().await.unwrap();
+    channel
+        .queue_bind(
+            a.w.target_queue.as_str().into(),
+            a.w.target.as_str().into(),
+            "nobody.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (ok, replayed) = a.parked(&["replay"]).await;
+    assert!(!ok, "the two forged copies stay parked: {replayed}");
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(
+        got.body, b"genuine",
+        "the bridge's own parked copy is replayed"
+    );
+    a.assert_other_quiet(3 * SEC).await;
+    a.parked_depth(2, SEC).await;
+    a.cleanup().await;
+}
+
+/// A recurring schedule published under the id of another message (one on its own route,
+/// one on the other route) replaces only schedules of that id bound for its own target:
+/// both messages arrive.
+#[tokio::test]
+async fn a_schedule_cannot_cancel_another_message_of_its_id() {
+    let mut a = Arena::start("adv-schedule-id").await;
+    a.publish(
+        &a.ingress,
+        "rk.victim.a",
+        b"victim a",
+        with_delay(2_500).with_message_id("victim-a".into()),
+    )
+    .await;
+    a.publish(
+        &a.other_ingress,
+        "rk.victim.b",
+        b"victim b",
+        with_delay(2_500).with_message_id("victim-b".into()),
+    )
+    .await;
+    for id in ["victim-a", "victim-b"] {
+        let schedule = with(vec![
+            ("x-repeat-every", text("1h")),
+            ("x-delay", int(60_000)),
+        ])
+        .with_message_id(id.into());
+        a.publish(&a.ingress, "rk.schedule", b"schedule", schedule)
+            .await;
+    }
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"victim a");
+    let other = tokio::time::timeout(10 * SEC, a.other.recv())
+        .await
+        .expect("the other route's message arrives")
+        .expect("watched");
+    assert_eq!(other.body, b"victim b");
+    a.cleanup().await;
+}
+
+/// An `x-published-at` a year ahead does not make a message uncancellable: the recipe's
+/// canceller cancels it and it never arrives; a genuine message alongside does.
+#[tokio::test]
+async fn a_future_published_at_does_not_make_a_message_uncancellable() {
+    let mut a = Arena::start("adv-future").await;
+    let ahead = with(vec![
+        ("x-delay", int(3_000)),
+        ("x-published-at", int(now_ms() + YEAR_MS)),
+    ])
+    .with_message_id("ahead".into());
+    a.publish(&a.ingress, "rk.ahead", b"ahead", ahead).await;
+    a.publish(&a.ingress, "rk.genuine", b"genuine", with_delay(3_000))
+        .await;
+    let canceller = Client::connect(&a.canceller_url, a.w.prefix())
+        .await
+        .expect("the canceller connects");
+    canceller.cancel("ahead").await.expect("cancelled");
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"genuine");
+    a.w.assert_quiet(2 * SEC).await;
+    a.cleanup().await;
+}
+
+/// The cancel stream's entries for one schedule id, read from its first entry until none
+/// comes for a second.
+async fn stream_entries_for(w: &World, id: &str) -> usize {
+    let channel = w.conn.create_channel().await.unwrap();
+    channel
+        .basic_qos(1_000, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-stream-offset".into(), text("first"));
+    let mut consumer = channel
+        .basic_consume(
+            w.config.names.cancel_stream().as_str().into(),
+            "adversary".into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+        .unwrap();
+    let mut count = 0;
+    while let Ok(Some(Ok(delivery))) = tokio::time::timeout(SEC, consumer.next()).await {
+        if delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.as_str())
+            == Some(id)
+        {
+            count += 1;
+        }
+        delivery.ack(Default::default()).await.unwrap();
+    }
+    let _ = channel.close(200, "read".into()).await;
+    count
+}
+
+/// A schedule every second, delivered six times, adds nothing to the cancel stream but its
+/// replacement entry (an occurrence delivered in the ordinary way writes nothing); one
+/// every 100 ms is refused at intake (`bad-schedule`), below the smallest recurring
+/// interval.
+#[tokio::test]
+async fn a_one_second_schedule_adds_nothing_to_the_cancel_stream_and_a_faster_one_is_refused() {
+    let mut a = Arena::start("adv-tick").await;
+    let tick = with(vec![("x-repeat-every", text("1s"))]).with_message_id("tick".into());
+    a.publish(&a.ingress, "rk.tick", b"tick", tick).await;
+    let fast = with(vec![("x-repeat-every", text("100ms"))]).with_message_id("fast".into());
+    a.publish(&a.ingress, "rk.fast", b"fast", fast).await;
+    let ticks = a.w.recv_n(6, 15 * SEC).await;
+    assert!(ticks.iter().all(|t| t.body == b"tick"), "{ticks:?}");
+    assert_eq!(
+        stream_entries_for(&a.w, "tick").await,
+        1,
+        "the schedule's replacement entry, and nothing per occurrence"
+    );
+    assert_eq!(stream_entries_for(&a.w, "fast").await, 0);
+    let (ok, listed) = a.parked(&["list"]).await;
+    assert!(ok, "{listed}");
+    let parked = selected(&listed);
+    assert_eq!(parked.len(), 1, "{listed}");
+    assert_eq!(parked[0]["reason"], "bad-schedule");
+    a.cleanup().await;
+}
+
+/// Two messages into the work exchange claiming to be bundles of `i64::MAX` messages (a user
+/// who may write there): each is parked `bad-state` and the bridge's byte budget neither
+/// overflows nor stalls; a genuine message arrives on time.
+#[tokio::test]
+async fn a_forged_bundle_count_neither_crashes_nor_stalls_the_bridge() {
+    let mut a = Arena::start("adv-count").await;
+    let work = a.w.config.names.work_exchange();
+    for _ in 0..2 {
+        let forged = with(vec![(header::BUNDLE, AMQPValue::LongLongInt(i64::MAX))]);
+        publish_to(&a.w.publisher, &work, "forged", b"\x01tiny", forged).await;
+    }
+    let published = now_ms();
+    a.publish(&a.ingress, "rk.genuine", b"genuine", with_delay(500))
+        .await;
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"genuine");
+    assert!(
+        got.at_ms < published + 2_000,
+        "on time: {} ms late",
+        got.at_ms - published - 500
+    );
+    a.parked_depth(2, 5 * SEC).await;
+    a.cleanup().await;
+}
+
+/// A copy the bridge signed, taken from a level by a user who may read it and sent back
+/// into the work exchange with another `message_id` (the id cancels name) and a `CC`
+/// header (one more routing key at the target), is parked `bad-state`: the signature
+/// covers what the bridge acts on, not only its own headers.
+#[tokio::test]
+async fn a_signed_copy_with_its_id_or_cc_changed_is_parked() {
+    let mut a = Arena::start("adv-unsigned-parts").await;
+    a.publish(
+        &a.ingress,
+        "rk.taken",
+        b"taken",
+        with_delay(6_000).with_message_id("taken".into()),
+    )
+    .await;
+    let level = a.w.config.names.level_queue(Duration::from_millis(800));
+    let channel = a.w.conn.create_channel().await.unwrap();
+    let deadline = std::time::Instant::now() + 5 * SEC;
+    let copy = loop {
+        let got = channel
+            .basic_get(level.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap();
+        if let Some(message) = got {
+            break message.delivery;
+        }
+        assert!(std::time::Instant::now() < deadline, "no copy in {level}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut changed_headers = copy.properties.headers().clone().unwrap_or_default();
+    changed_headers.insert(
+        "CC".into(),
+        AMQPValue::FieldArray(vec![text("rk.stolen")].into()),
+    );
+    for properties in [
+        copy.properties
+            .clone()
+            .with_message_id("someone-elses".into()),
+        copy.properties.clone().with_headers(changed_headers),
+    ] {
+        publish_to(
+            &a.w.publisher,
+            &a.w.config.names.work_exchange(),
+            "forged",
+            &copy.data,
+            properties,
+        )
+        .await;
+    }
+    a.parked_depth(2, 10 * SEC).await;
+    let (ok, listed) = a.parked(&["list"]).await;
+    assert!(ok, "{listed}");
+    for message in selected(&listed) {
+        assert_eq!(message["reason"], "bad-state", "{message}");
+    }
+    a.w.assert_quiet(2 * SEC).await;
+    a.cleanup().await;
+}
