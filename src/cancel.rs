@@ -13,8 +13,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+mod future;
 mod successors;
 
+pub use future::{CLOCK_EVERY, Clamp, FutureCancels, Read};
 pub use successors::{SuccessorSet, Successors, birth};
 
 use lapin::BasicProperties;
@@ -38,6 +40,10 @@ pub mod header {
     /// On a schedule's replacement: the target exchange whose schedules of the id it
     /// replaces.
     pub const TARGET: &str = "delay-bridge-target";
+    /// On a catch-up marker, a clock entry or a clamp: when the bridge wrote it, epoch ms.
+    pub const AT: &str = "delay-bridge-at";
+    /// On a clamp: the stream offset of the tombstone it clamps.
+    pub const OFFSET: &str = "delay-bridge-offset";
 }
 
 /// How far ahead of the reading bridge's clock a tombstone's `cancelled_at` may be. A
@@ -52,8 +58,12 @@ pub const KIND_SUCCESSORS: &str = "successors";
 /// `delay-bridge-kind` of a schedule's replacement: a tombstone that drops only the copies
 /// of a recurring schedule of its id bound for one target exchange (see [`Scope`]).
 pub const KIND_REPLACED: &str = "schedule-replaced";
-/// `delay-bridge-kind` of a catch-up marker (a bridge appends one at boot and reads up to it).
+/// `delay-bridge-kind` of a catch-up marker (a bridge appends one at boot and reads up to it)
+/// or a clock entry (one every [`CLOCK_EVERY`] while it follows the stream).
 pub const KIND_SYNC: &str = "sync";
+/// `delay-bridge-kind` of a clamp: when a tombstone dated ahead of the clock counts as made
+/// (see [`FutureCancels`]).
+pub const KIND_CLAMP: &str = "clamp";
 
 /// A cancellation: drop every copy of `message_id` within its [`Scope`] that entered at or
 /// before `cancelled_at`.
@@ -91,8 +101,23 @@ pub enum StreamEntry {
     Cancel(Tombstone),
     /// A successor tombstone of a recurring schedule.
     Successors(Successors),
-    /// A catch-up marker with its token.
-    Sync(String),
+    /// A catch-up marker or a clock entry, with its token and when a bridge wrote it (none
+    /// from a version before 0.2).
+    Sync {
+        /// The marker's token (its `message_id`).
+        token: String,
+        /// When it was written, epoch ms.
+        at: Option<u64>,
+    },
+    /// A clamp of the tombstone at `offset`: it counts as made at `cancelled_at`.
+    Clamp {
+        /// The tombstone's stream offset.
+        offset: u64,
+        /// When the tombstone counts as made, epoch ms.
+        cancelled_at: u64,
+        /// When the clamp was written, epoch ms.
+        at: u64,
+    },
     /// Something else; the text says what is wrong with it. Skipped (and logged).
     Invalid(String),
 }
@@ -195,15 +220,46 @@ pub fn successors_properties(message_id: ShortString, successors: &Successors) -
     )
 }
 
-/// The properties of a catch-up marker with this token (the body is empty).
-pub fn sync_properties(token: ShortString) -> BasicProperties {
+/// The properties of a catch-up marker or clock entry with this token, written at `at_ms`
+/// (the body is empty).
+pub fn sync_properties(token: ShortString, at_ms: u64) -> BasicProperties {
     entry_properties(
         token,
-        vec![(
-            header::KIND,
-            AMQPValue::LongString(LongString::from(KIND_SYNC)),
-        )],
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_SYNC)),
+            ),
+            (header::AT, AMQPValue::LongLongInt(epoch_i64(at_ms))),
+        ],
     )
+}
+
+/// The properties of a clamp entry written at `at_ms` (the body is empty).
+pub fn clamp_properties(clamp: &Clamp, at_ms: u64) -> Result<BasicProperties, MessageIdError> {
+    Ok(entry_properties(
+        message_id(&clamp.message_id)?,
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_CLAMP)),
+            ),
+            (
+                header::OFFSET,
+                AMQPValue::LongLongInt(epoch_i64(clamp.offset)),
+            ),
+            (
+                header::CANCELLED_AT,
+                AMQPValue::LongLongInt(epoch_i64(clamp.cancelled_at)),
+            ),
+            (header::AT, AMQPValue::LongLongInt(epoch_i64(at_ms))),
+        ],
+    ))
+}
+
+/// `v` as a signed 64-bit header value (saturated).
+fn epoch_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// Reads a stream entry from its properties.
@@ -230,7 +286,24 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
         _ => None,
     };
     match (kind.as_str(), id) {
-        (KIND_SYNC, Some(token)) => StreamEntry::Sync(token),
+        (KIND_SYNC, Some(token)) => StreamEntry::Sync {
+            token,
+            at: epoch_ms(get(header::AT)),
+        },
+        (KIND_CLAMP, Some(message_id)) => match (
+            epoch_ms(get(header::OFFSET)),
+            epoch_ms(get(header::CANCELLED_AT)),
+            epoch_ms(get(header::AT)),
+        ) {
+            (Some(offset), Some(cancelled_at), Some(at)) => StreamEntry::Clamp {
+                offset,
+                cancelled_at,
+                at,
+            },
+            _ => StreamEntry::Invalid(format!(
+                "clamp for `{message_id}` lacks an integer offset, cancel time or time"
+            )),
+        },
         (KIND_SUCCESSORS, Some(message_id)) => {
             let field = |name: &str| {
                 epoch_ms(get(name)).ok_or_else(|| {
@@ -282,7 +355,7 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
                 scope,
             })
         }
-        (KIND_SYNC | KIND_CANCEL | KIND_REPLACED | KIND_SUCCESSORS, None) => {
+        (KIND_SYNC | KIND_CANCEL | KIND_REPLACED | KIND_SUCCESSORS | KIND_CLAMP, None) => {
             StreamEntry::Invalid(format!("`{kind}` entry without a message_id"))
         }
         (other, _) => StreamEntry::Invalid(format!("unknown entry kind `{other}`")),
@@ -695,8 +768,27 @@ mod tests {
             read_entry(&with_due),
             StreamEntry::Cancel(due("o", 1_000, 9_000))
         );
-        let sync = sync_properties("tok".into());
-        assert_eq!(read_entry(&sync), StreamEntry::Sync("tok".into()));
+        let sync = sync_properties("tok".into(), 5_000);
+        assert_eq!(
+            read_entry(&sync),
+            StreamEntry::Sync {
+                token: "tok".into(),
+                at: Some(5_000)
+            }
+        );
+        let clamp = Clamp {
+            offset: 42,
+            message_id: "o".into(),
+            cancelled_at: 7_000,
+        };
+        assert_eq!(
+            read_entry(&clamp_properties(&clamp, 6_000).unwrap()),
+            StreamEntry::Clamp {
+                offset: 42,
+                cancelled_at: 7_000,
+                at: 6_000
+            }
+        );
         let bare = BasicProperties::default().with_message_id("x".into());
         assert!(
             matches!(read_entry(&bare), StreamEntry::Invalid(m) if m.contains("delay-bridge-kind"))

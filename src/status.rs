@@ -139,11 +139,14 @@ pub struct StreamEntries {
     /// Cancels (tombstones) the stream still holds; the bridges forget each one after
     /// `max_delay + cancel.grace`, or `cancel.grace` after the due time it names.
     pub tombstones: u64,
-    /// Successor tombstones, one per delivered occurrence of a recurring schedule (see
-    /// [`crate::cancel::Successors`]).
+    /// Successor tombstones, one per redelivered occurrence of a recurring schedule (see
+    /// [`crate::cancel::Successors`]; a version before 0.2 wrote one per delivered one).
     pub successors: u64,
-    /// Catch-up markers, one per bridge start.
+    /// Catch-up markers and clock entries: one per bridge start, and one every
+    /// [`crate::cancel::CLOCK_EVERY`] per running bridge.
     pub markers: u64,
+    /// Clamps of tombstones dated ahead of the clock (see [`crate::cancel::FutureCancels`]).
+    pub clamps: u64,
     /// Entries that are neither (skipped by the bridges).
     pub invalid: u64,
     /// Entries the AMQP client cannot read (a short string that is not UTF-8; skipped by the
@@ -286,7 +289,8 @@ async fn count_stream(
             None => match read_entry(&delivery.properties) {
                 StreamEntry::Cancel(_) => entries.tombstones += 1,
                 StreamEntry::Successors(_) => entries.successors += 1,
-                StreamEntry::Sync(_) => entries.markers += 1,
+                StreamEntry::Sync { .. } => entries.markers += 1,
+                StreamEntry::Clamp { .. } => entries.clamps += 1,
                 StreamEntry::Invalid(_) => entries.invalid += 1,
             },
             Some(_) => entries.unreadable += 1,

@@ -6,6 +6,11 @@
 //! catch-up marker with a random token (publisher-confirmed) and reads until it sees it:
 //! every tombstone confirmed before the marker has then been read.
 //!
+//! A tombstone dated ahead of the clock is held until its clamp entry is read (the first
+//! one in the stream decides, for every reader and after any restart; see
+//! [`FutureCancels`](crate::cancel::FutureCancels)); once caught up, the follower appends one for each such tombstone it
+//! reads, and a clock entry every [`CLOCK_EVERY`].
+//!
 //! It reads on the session's consuming connection (the project's own), which hands over an
 //! entry its codec cannot read (a short string that is not UTF-8, appended by hand) as
 //! bytes: nothing can be removed from a stream, so such an entry is skipped, with an error
@@ -24,7 +29,10 @@ use crate::amqp::disposition::Disposition;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
-use crate::cancel::{Inserted, StreamEntry, read_entry, sync_properties};
+use crate::cancel::{
+    CLOCK_EVERY, Clamp, Inserted, Read, StreamEntry, Tombstone, clamp_properties, read_entry,
+    sync_properties,
+};
 use crate::clock::now_ms;
 
 /// Stream consumers need a prefetch; acks only return credit.
@@ -68,13 +76,18 @@ pub(super) async fn follow(
         .await
         .map_err(BridgeError::wire("consuming the cancel stream"))?;
 
+    shared
+        .future_cancels
+        .lock()
+        .expect("future cancels lock")
+        .catching_up();
     let token = format!("{:032x}", rand::random::<u128>());
     let marker = publish
         .publish(
             ShortString::from(""),
             ShortString::from(stream.as_str()),
             b"",
-            sync_properties(ShortString::from(token.as_str())),
+            sync_properties(ShortString::from(token.as_str()), now_ms()),
         )
         .await;
     let refused = match marker {
@@ -102,6 +115,7 @@ pub(super) async fn follow(
         shared.clone(),
         channel,
         consumer,
+        publish.clone(),
         token,
         caught_up_tx,
         stop,
@@ -131,6 +145,7 @@ async fn run(
     shared: Arc<Shared>,
     channel: Channel,
     mut consumer: Consumer,
+    publish: Publisher,
     token: String,
     caught_up: oneshot::Sender<u64>,
     stop: CancellationToken,
@@ -138,6 +153,7 @@ async fn run(
     let mut caught_up = Some(caught_up);
     let mut read = 0u64;
     let mut unacked = None;
+    let mut next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
     loop {
         let next_expiry = shared
             .tombstones
@@ -156,8 +172,21 @@ async fn run(
                     Ok(None) => return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into())),
                 };
                 read += 1;
-                if read_one(&shared, &delivery, &token) && let Some(tx) = caught_up.take() {
+                let (marker, mut clamps) = read_one(&shared, &delivery, &token);
+                if marker && let Some(tx) = caught_up.take() {
+                    let (apply_now, held) = shared
+                        .future_cancels
+                        .lock()
+                        .expect("future cancels lock")
+                        .caught_up(now_ms());
+                    for tombstone in apply_now {
+                        insert(&shared, tombstone);
+                    }
+                    clamps.extend(held);
                     let _ = tx.send(read);
+                }
+                for clamp in clamps {
+                    append_clamp(&shared, &publish, clamp).await;
                 }
                 unacked = Some(delivery.delivery_tag);
                 if read.is_multiple_of(ACK_EVERY) || caught_up.is_none() {
@@ -165,6 +194,10 @@ async fn run(
                 }
             }
             _ = tokio::time::sleep(sweep_in) => expire(&shared),
+            _ = tokio::time::sleep_until(next_clock), if caught_up.is_none() => {
+                next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
+                append_clock(&shared, &publish).await;
+            }
             _ = stop.cancelled() => {
                 let _ = ack(&channel, unacked.take());
                 let _ = channel.close().await;
@@ -174,24 +207,81 @@ async fn run(
     }
 }
 
-/// Applies one delivery from the stream and moves the resume offset past it; true when it
-/// is this follower's own catch-up marker. An entry the codec cannot read is skipped.
-fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> bool {
-    let (offset, marker) = match &delivery.unreadable {
-        None => (
-            stream_offset(&delivery.properties),
-            apply(shared, read_entry(&delivery.properties), token),
-        ),
+/// Applies one delivery from the stream and moves the resume offset past it: whether it is
+/// this follower's own catch-up marker, and the clamp entries to append for what it held.
+/// An entry the codec cannot read is skipped.
+fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Clamp>) {
+    let (offset, read) = match &delivery.unreadable {
+        None => {
+            let offset = stream_offset(&delivery.properties);
+            let entry = read_entry(&delivery.properties);
+            (offset, apply(shared, entry, offset, token))
+        }
         Some(raw) => {
             let offset = raw_stream_offset(&raw.properties);
             skip_unreadable(offset);
-            (offset, false)
+            (offset, (false, Vec::new()))
         }
     };
     if let Some(offset) = offset {
         *shared.stream_next_offset.lock().expect("offset lock") = Some(offset + 1);
     }
-    marker
+    read
+}
+
+/// Appends a clamp entry for a tombstone dated ahead that the follower holds; should the
+/// stream refuse it, the tombstone is applied here as the clamp says (this bridge then
+/// judged it alone).
+async fn append_clamp(shared: &Shared, publish: &Publisher, clamp: Clamp) {
+    let stream = shared.config.names.cancel_stream();
+    let appended = match clamp_properties(&clamp, now_ms()) {
+        Ok(properties) => {
+            let disposition = publish
+                .publish(
+                    ShortString::from(""),
+                    ShortString::from(stream.as_str()),
+                    b"",
+                    properties,
+                )
+                .await;
+            matches!(disposition, Disposition::Routed)
+        }
+        Err(_) => false,
+    };
+    if !appended {
+        tracing::warn!(
+            message_id = %clamp.message_id,
+            offset = clamp.offset,
+            "the cancel stream did not take the clamp of a cancel dated ahead: applied here as clamped"
+        );
+        let held = shared
+            .future_cancels
+            .lock()
+            .expect("future cancels lock")
+            .clamp(clamp.offset, clamp.cancelled_at);
+        if let Some(tombstone) = held {
+            insert(shared, tombstone);
+        }
+    }
+}
+
+/// Appends a clock entry: the time a bridge wrote into the stream, so that a later
+/// catch-up holds at most [`CLOCK_EVERY`] of cancels dated after the last one (see
+/// [`FutureCancels`](crate::cancel::FutureCancels)). A failure is only logged: the next one comes.
+async fn append_clock(shared: &Shared, publish: &Publisher) {
+    let stream = shared.config.names.cancel_stream();
+    let token = format!("clock-{:032x}", rand::random::<u128>());
+    let disposition = publish
+        .publish(
+            ShortString::from(""),
+            ShortString::from(stream.as_str()),
+            b"",
+            sync_properties(ShortString::from(token.as_str()), now_ms()),
+        )
+        .await;
+    if !matches!(disposition, Disposition::Routed) {
+        tracing::warn!("the cancel stream did not take a clock entry");
+    }
 }
 
 /// Says that the entry at `offset` is skipped: the codec cannot read it.
@@ -202,35 +292,71 @@ fn skip_unreadable(offset: Option<u64>) {
     );
 }
 
-/// Applies one entry; true when it is this follower's own catch-up marker.
-fn apply(shared: &Shared, entry: StreamEntry, token: &str) -> bool {
+/// Applies one entry read at `offset`: whether it is this follower's own catch-up marker,
+/// and the clamp entries to append (for a tombstone dated ahead, read live).
+fn apply(
+    shared: &Shared,
+    entry: StreamEntry,
+    offset: Option<u64>,
+    token: &str,
+) -> (bool, Vec<Clamp>) {
+    let future = || shared.future_cancels.lock().expect("future cancels lock");
     match entry {
         StreamEntry::Cancel(tombstone) => {
-            let id = tombstone.message_id.clone();
-            let cancelled_at = tombstone.cancelled_at;
-            let mut set = shared.tombstones.lock().expect("tombstone lock");
-            let inserted = set.insert(tombstone, now_ms());
-            shared
-                .stats
-                .tombstones
-                .store(set.len() as u64, Ordering::Relaxed);
-            if inserted != Inserted::Expired {
-                tracing::debug!(message_id = %id, cancelled_at, ?inserted, "tombstone");
+            let read = future().tombstone(offset, tombstone, now_ms());
+            match read {
+                Read::Apply(tombstone) => insert(shared, tombstone),
+                Read::Held => {}
+                Read::Clamp(clamp) => return (false, vec![clamp]),
             }
-            false
+            (false, Vec::new())
         }
         StreamEntry::Successors(successors) => {
             let mut set = shared.tombstones.lock().expect("tombstone lock");
             if set.insert_successors(successors, now_ms()) {
                 tracing::trace!(live = set.successors_len(), "successor tombstone");
             }
-            false
+            (false, Vec::new())
         }
-        StreamEntry::Sync(seen) => seen == token,
+        StreamEntry::Sync { token: seen, at } => {
+            if let Some(at) = at {
+                future().bridge_time(at);
+            }
+            (seen == token, Vec::new())
+        }
+        StreamEntry::Clamp {
+            offset,
+            cancelled_at,
+            at,
+        } => {
+            let mut future = future();
+            future.bridge_time(at);
+            let clamped = future.clamp(offset, cancelled_at);
+            drop(future);
+            if let Some(tombstone) = clamped {
+                insert(shared, tombstone);
+            }
+            (false, Vec::new())
+        }
         StreamEntry::Invalid(why) => {
             tracing::warn!("skipping a cancel-stream entry: {why}");
-            false
+            (false, Vec::new())
         }
+    }
+}
+
+/// Adds a tombstone to the live set.
+fn insert(shared: &Shared, tombstone: Tombstone) {
+    let id = tombstone.message_id.clone();
+    let cancelled_at = tombstone.cancelled_at;
+    let mut set = shared.tombstones.lock().expect("tombstone lock");
+    let inserted = set.insert(tombstone, now_ms());
+    shared
+        .stats
+        .tombstones
+        .store(set.len() as u64, Ordering::Relaxed);
+    if inserted != Inserted::Expired {
+        tracing::debug!(message_id = %id, cancelled_at, ?inserted, "tombstone");
     }
 }
 

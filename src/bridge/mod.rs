@@ -48,6 +48,9 @@ struct Shared {
     tombstones: Mutex<TombstoneSet>,
     /// Where the cancel-stream follower resumes after a reconnect (`None`: from the start).
     stream_next_offset: Mutex<Option<u64>>,
+    /// The cancels dated ahead of the clock the follower holds until their clamp is read
+    /// (kept across sessions, like the offset it resumes from).
+    future_cancels: Mutex<crate::cancel::FutureCancels>,
     /// How often this process saw each unsettled message redelivered (classic queues keep
     /// no count).
     redeliveries: Mutex<redeliveries::RedeliveryCounts>,
@@ -92,6 +95,7 @@ impl Bridge {
                 instruments,
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
+                future_cancels: Mutex::default(),
                 redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),
             }),
             ready_tx: watch::channel(false).0,

@@ -535,3 +535,52 @@ async fn a_signed_copy_with_its_id_or_cc_changed_is_parked() {
     a.w.assert_quiet(2 * SEC).await;
     a.cleanup().await;
 }
+
+/// A tombstone dated an hour ahead (a canceller's clock running fast, with the recipe's
+/// canceller rights) counts as made at the reading bridge's now plus the allowance, and
+/// still does after a restart reads it again an allowance and more later: a reschedule
+/// published after it lives through the restart.
+#[tokio::test]
+async fn a_cancel_dated_ahead_means_the_same_after_a_restart() {
+    use delay_bridge::cancel::{CLOCK_ALLOWANCE_MS, message_id, tombstone_properties};
+    let mut a = Arena::start("adv-ahead-restart").await;
+    let stats = a.w.stats();
+    let connection = Connection::connect(&a.canceller_url, ConnectionProperties::default())
+        .await
+        .expect("the canceller connects");
+    let canceller = connection.create_channel().await.unwrap();
+    canceller
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    publish_to(
+        &canceller,
+        &a.w.config.names.cancel_exchange(),
+        "",
+        b"",
+        tombstone_properties(message_id("ahead").unwrap(), now_ms() + 3_600_000, None),
+    )
+    .await;
+    wait_until("the tombstone is applied", 5 * SEC, || {
+        stats.snapshot().tombstones == 1
+    })
+    .await;
+    // Published once the allowance has passed: after the cancel, by any clock.
+    tokio::time::sleep(Duration::from_millis(CLOCK_ALLOWANCE_MS + 500)).await;
+    a.publish(
+        &a.ingress,
+        "rk.after",
+        b"after",
+        with_delay(5_000).with_message_id("ahead".into()),
+    )
+    .await;
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    let got = a.w.recv_within(15 * SEC).await;
+    assert_eq!(
+        got.body, b"after",
+        "the reschedule lives through the restart"
+    );
+    let _ = connection.close(200, "done".into()).await;
+    a.cleanup().await;
+}

@@ -77,14 +77,19 @@ fn table(status: &Status, all_levels: bool) -> String {
     ));
     let entries = &status.cancel_entries;
     out.push_str(&format!(
-        "cancel stream: {} tombstones, {} catch-up markers{}{}{}{}\n",
+        "cancel stream: {} tombstones, {} catch-up markers{}{}{}{}{}\n",
         entries.tombstones,
         entries.markers,
         if entries.successors > 0 {
             format!(
-                ", {} successor tombstones (one per delivered occurrence of a recurring schedule)",
+                ", {} successor tombstones (one per redelivered occurrence of a recurring schedule)",
                 entries.successors
             )
+        } else {
+            String::new()
+        },
+        if entries.clamps > 0 {
+            format!(", {} clamps of cancels dated ahead", entries.clamps)
         } else {
             String::new()
         },
