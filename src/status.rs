@@ -11,6 +11,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::WireError;
 use crate::amqp::{self, QueueCounts, queue_counts, reply_code};
 use crate::cancel::{StreamEntry, read_entry};
@@ -20,8 +21,14 @@ use crate::management::{Management, ManagementError, QueueFigures};
 use crate::parked::{self, ParkedError};
 use crate::topology::Topology;
 
-/// The cancel-stream read ends when no entry has come for this long.
+/// The cancel-stream read gives up when no entry has come for this long (the stream's end,
+/// found when the read began, was not reached: entries left it meanwhile).
 pub const STREAM_QUIET: Duration = Duration::from_secs(1);
+
+/// How long `status` takes to find where the cancel stream ends: the first entry of its
+/// last chunk comes within this when there is one (an empty stream sends nothing), and the
+/// rest of that chunk right after it.
+const STREAM_END_WITHIN: Duration = Duration::from_millis(500);
 
 /// How long one management API request may take.
 const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -152,8 +159,9 @@ pub struct StreamEntries {
     /// Entries the AMQP client cannot read (a short string that is not UTF-8; skipped by the
     /// bridges, logged at error with their offset).
     pub unreadable: u64,
-    /// True when the read ended because no entry came for [`STREAM_QUIET`]; false when it
-    /// stopped at [`STREAM_READ_MOST`] entries.
+    /// True when the read reached the stream's end as it was when `status` began (what was
+    /// appended after is not read); false when it stopped at [`STREAM_READ_MOST`] entries or
+    /// no entry came for [`STREAM_QUIET`] before the end.
     pub complete: bool,
 }
 
@@ -259,45 +267,45 @@ pub async fn read(
     })
 }
 
-/// Reads the cancel stream on `connection` from its first entry until none has come for
-/// [`STREAM_QUIET`] (a stream has no end-of-stream signal over AMQP 0-9-1, and `status`
-/// writes nothing to find its end), at most [`STREAM_READ_MOST`] entries, and sorts them by
-/// kind. Reading a stream takes nothing from it. The project's own connection hands over an
-/// entry its codec cannot read as bytes: counted as unreadable.
+/// Reads the cancel stream on `connection` from its first entry up to its end as it was
+/// when the read began ([`stream_end`]), at most [`STREAM_READ_MOST`] entries, and sorts
+/// them by kind: however fast entries are appended meanwhile, the read ends. Reading a
+/// stream takes nothing from it. The project's own connection hands over an entry its codec
+/// cannot read as bytes: counted as unreadable.
 async fn count_stream(
     connection: &amqp::wire::Connection,
     stream: &str,
 ) -> Result<StreamEntries, WireError> {
-    /// Entries taken at once; a stream consumer's acks give its credit back.
     const WINDOW: u16 = 1000;
+    let Some(end) = stream_end(connection, stream).await? else {
+        return Ok(StreamEntries {
+            complete: true,
+            ..StreamEntries::default()
+        });
+    };
     let channel = connection.open_channel().await?;
     channel.qos(WINDOW).await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-stream-offset".into(),
-        AMQPValue::LongString("first".into()),
-    );
-    let mut consumer = channel.consume(stream, "", arguments).await?;
-    let mut entries = StreamEntries {
-        complete: true,
-        ..StreamEntries::default()
-    };
+    let mut consumer = channel.consume(stream, "", from_offset("first")).await?;
+    let mut entries = StreamEntries::default();
     let mut read = 0u64;
     while let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await {
         let Some(delivery) = next? else { break };
-        match &delivery.unreadable {
-            None => match read_entry(&delivery.properties) {
-                StreamEntry::Cancel(_) => entries.tombstones += 1,
-                StreamEntry::Successors(_) => entries.successors += 1,
-                StreamEntry::Sync { .. } => entries.markers += 1,
-                StreamEntry::Clamp { .. } => entries.clamps += 1,
-                StreamEntry::Invalid(_) => entries.invalid += 1,
-            },
-            Some(_) => entries.unreadable += 1,
-        }
+        let offset = match &delivery.unreadable {
+            None => {
+                count_entry(&mut entries, read_entry(&delivery.properties));
+                stream_offset(&delivery.properties)
+            }
+            Some(raw) => {
+                entries.unreadable += 1;
+                raw_stream_offset(&raw.properties)
+            }
+        };
         read += 1;
+        if offset.is_some_and(|offset| offset >= end) {
+            entries.complete = true;
+            break;
+        }
         if read == STREAM_READ_MOST {
-            entries.complete = false;
             break;
         }
         if read.is_multiple_of(u64::from(WINDOW) / 2) {
@@ -306,6 +314,52 @@ async fn count_stream(
     }
     let _ = channel.close().await;
     Ok(entries)
+}
+
+/// Counts one entry by its kind.
+fn count_entry(entries: &mut StreamEntries, entry: StreamEntry) {
+    match entry {
+        StreamEntry::Cancel(_) => entries.tombstones += 1,
+        StreamEntry::Successors(_) => entries.successors += 1,
+        StreamEntry::Sync { .. } => entries.markers += 1,
+        StreamEntry::Clamp { .. } => entries.clamps += 1,
+        StreamEntry::Invalid(_) => entries.invalid += 1,
+    }
+}
+
+/// The offset of the stream's last entry now (`None`: it is empty). A consumer attached
+/// at `last` is sent the stream's last chunk (the entries written together), then whatever
+/// comes after: the largest offset of what arrives within [`STREAM_END_WITHIN`] of
+/// attaching is taken (a little past the end when entries keep coming).
+async fn stream_end(
+    connection: &amqp::wire::Connection,
+    stream: &str,
+) -> Result<Option<u64>, WireError> {
+    let channel = connection.open_channel().await?;
+    channel.qos(1000).await?;
+    let mut consumer = channel.consume(stream, "", from_offset("last")).await?;
+    let mut end = None;
+    let deadline = tokio::time::Instant::now() + STREAM_END_WITHIN;
+    while let Ok(next) = tokio::time::timeout_at(deadline, consumer.next()).await {
+        let Some(delivery) = next? else { break };
+        let offset = match &delivery.unreadable {
+            None => stream_offset(&delivery.properties),
+            Some(raw) => raw_stream_offset(&raw.properties),
+        };
+        end = end.max(offset);
+    }
+    let _ = channel.close().await;
+    Ok(end)
+}
+
+/// Consumer arguments that attach to a stream at `offset` (`first`, `last`).
+fn from_offset(offset: &str) -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString(offset.into()),
+    );
+    arguments
 }
 
 /// Why reading the parked queue (which hands every message back) could lose messages: a

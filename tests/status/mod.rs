@@ -222,3 +222,66 @@ async fn status_and_parked_for_a_prefix_no_bridge_declared_say_what_to_check() {
     }
     w.cleanup().await;
 }
+
+/// `status` returns within its bound while the cancel stream is written 100 times a second
+/// (steady cancels, as a shop with order timeouts writes all day): it reads up to the end
+/// the stream had when it began, and counts at least what was there.
+#[tokio::test]
+async fn status_returns_while_the_cancel_stream_is_written() {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    let w = World::start(Setup::new("status-busy-stream")).await;
+    let stream = w.config.names.cancel_stream();
+    let writer = w.sandbox.channel().await.unwrap();
+    writer
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let appending = {
+        let (stop, written) = (stop.clone(), written.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            for n in 0..6_000u64 {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                let id = message_id(&format!("busy-{n}")).unwrap();
+                publish_to(
+                    &writer,
+                    "",
+                    &stream,
+                    b"",
+                    tombstone_properties(id, delay_bridge::clock::now_ms(), None),
+                )
+                .await;
+                written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    wait_until("200 cancels appended", 10 * SEC, || {
+        written.load(std::sync::atomic::Ordering::Relaxed) >= 200
+    })
+    .await;
+    let config = w.config_file(4000);
+    for _ in 0..2 {
+        let before = written.load(std::sync::atomic::Ordering::Relaxed);
+        let started = Instant::now();
+        let out = tokio::time::timeout(5 * SEC, status(&config, &["--json"]))
+            .await
+            .expect("status returns within 5 s while the stream is written");
+        let took = started.elapsed();
+        let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        let entries = &json["cancel_entries"];
+        println!("status took {took:?}: {entries}");
+        assert_eq!(entries["complete"], true, "{entries}");
+        assert!(
+            entries["tombstones"].as_u64().unwrap() >= before,
+            "{entries} with {before} written before status began"
+        );
+    }
+    stop.cancel();
+    appending.await.unwrap();
+    w.cleanup().await;
+}
