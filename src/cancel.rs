@@ -79,6 +79,19 @@ pub struct Tombstone {
     pub scope: Scope,
 }
 
+#[cfg(test)]
+impl Tombstone {
+    /// A cancel of every copy of `id` that entered at or before `at`.
+    pub(crate) fn every(id: &str, at: u64) -> Self {
+        Self {
+            message_id: id.into(),
+            cancelled_at: at,
+            due_at: None,
+            scope: Scope::Every,
+        }
+    }
+}
+
 /// Which copies of an id a tombstone drops.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
@@ -595,12 +608,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn t(id: &str, at: u64) -> Tombstone {
-        Tombstone {
-            message_id: id.into(),
-            cancelled_at: at,
-            due_at: None,
-            scope: Scope::Every,
-        }
+        Tombstone::every(id, at)
     }
 
     #[test]

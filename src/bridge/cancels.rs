@@ -82,14 +82,12 @@ pub(super) async fn follow(
         .expect("future cancels lock")
         .catching_up();
     let token = format!("{:032x}", rand::random::<u128>());
-    let marker = publish
-        .publish(
-            ShortString::from(""),
-            ShortString::from(stream.as_str()),
-            b"",
-            sync_properties(ShortString::from(token.as_str()), now_ms()),
-        )
-        .await;
+    let marker = append(
+        publish,
+        &stream,
+        sync_properties(ShortString::from(token.as_str()), now_ms()),
+    )
+    .await;
     let refused = match marker {
         Disposition::Routed => None,
         Disposition::Returned { code, text } => {
@@ -235,17 +233,10 @@ fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Cla
 async fn append_clamp(shared: &Shared, publish: &Publisher, clamp: Clamp) {
     let stream = shared.config.names.cancel_stream();
     let appended = match clamp_properties(&clamp, now_ms()) {
-        Ok(properties) => {
-            let disposition = publish
-                .publish(
-                    ShortString::from(""),
-                    ShortString::from(stream.as_str()),
-                    b"",
-                    properties,
-                )
-                .await;
-            matches!(disposition, Disposition::Routed)
-        }
+        Ok(properties) => matches!(
+            append(publish, &stream, properties).await,
+            Disposition::Routed
+        ),
         Err(_) => false,
     };
     if !appended {
@@ -271,17 +262,29 @@ async fn append_clamp(shared: &Shared, publish: &Publisher, clamp: Clamp) {
 async fn append_clock(shared: &Shared, publish: &Publisher) {
     let stream = shared.config.names.cancel_stream();
     let token = format!("clock-{:032x}", rand::random::<u128>());
-    let disposition = publish
-        .publish(
-            ShortString::from(""),
-            ShortString::from(stream.as_str()),
-            b"",
-            sync_properties(ShortString::from(token.as_str()), now_ms()),
-        )
-        .await;
-    if !matches!(disposition, Disposition::Routed) {
+    let properties = sync_properties(ShortString::from(token.as_str()), now_ms());
+    if !matches!(
+        append(publish, &stream, properties).await,
+        Disposition::Routed
+    ) {
         tracing::warn!("the cancel stream did not take a clock entry");
     }
+}
+
+/// Appends an entry with `properties` (and no body) to `stream`, confirmed.
+async fn append(
+    publish: &Publisher,
+    stream: &str,
+    properties: lapin::BasicProperties,
+) -> Disposition {
+    publish
+        .publish(
+            ShortString::from(""),
+            ShortString::from(stream),
+            b"",
+            properties,
+        )
+        .await
 }
 
 /// Says that the entry at `offset` is skipped: the codec cannot read it.

@@ -143,15 +143,9 @@ fn clamp_of(offset: u64, tombstone: &Tombstone, now_ms: u64) -> Clamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cancel::Scope;
 
     fn t(id: &str, at: u64) -> Tombstone {
-        Tombstone {
-            message_id: id.into(),
-            cancelled_at: at,
-            due_at: None,
-            scope: Scope::Every,
-        }
+        Tombstone::every(id, at)
     }
 
     const HOUR: u64 = 3_600_000;
