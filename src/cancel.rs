@@ -17,7 +17,9 @@ mod future;
 mod successors;
 
 pub use future::{CLOCK_EVERY, Clamp, FutureCancels, Read};
-pub use successors::{SuccessorSet, Successors, birth};
+pub use successors::{
+    LINE_RENEWED_EVERY, SuccessorSet, Successors, birth, born_at_ms, renewal_due,
+};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -38,7 +40,7 @@ pub mod header {
     /// On a successor tombstone: copies born before this are dropped.
     pub const BORN_BEFORE: &str = "delay-bridge-born-before";
     /// On a schedule's replacement: the target exchange whose schedules of the id it
-    /// replaces.
+    /// replaces; on a successor tombstone (from 0.2), the target its copies are bound for.
     pub const TARGET: &str = "delay-bridge-target";
     /// On a catch-up marker, a clock entry or a clamp: when the bridge wrote it, epoch ms.
     pub const AT: &str = "delay-bridge-at";
@@ -218,19 +220,23 @@ pub fn tombstone_properties(
 /// The properties of a successor tombstone (the body is empty).
 pub fn successors_properties(message_id: ShortString, successors: &Successors) -> BasicProperties {
     let int = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
-    entry_properties(
-        message_id,
-        vec![
-            (
-                header::KIND,
-                AMQPValue::LongString(LongString::from(KIND_SUCCESSORS)),
-            ),
-            (header::ENTERED_AT, int(successors.entered_at)),
-            (header::AFTER_OCCURRENCE, int(successors.after_occurrence)),
-            (header::BORN_BEFORE, int(successors.born_before)),
-            (header::DUE_AT, int(successors.due_at)),
-        ],
-    )
+    let mut headers = vec![
+        (
+            header::KIND,
+            AMQPValue::LongString(LongString::from(KIND_SUCCESSORS)),
+        ),
+        (header::ENTERED_AT, int(successors.entered_at)),
+        (header::AFTER_OCCURRENCE, int(successors.after_occurrence)),
+        (header::BORN_BEFORE, int(successors.born_before)),
+        (header::DUE_AT, int(successors.due_at)),
+    ];
+    if let Some(target) = &successors.target {
+        headers.push((
+            header::TARGET,
+            AMQPValue::LongString(LongString::from(target.as_str())),
+        ));
+    }
+    entry_properties(message_id, headers)
 }
 
 /// The properties of a catch-up marker or clock entry with this token, written at `at_ms`
@@ -325,6 +331,7 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
             };
             let read = (|| {
                 Ok::<_, String>(Successors {
+                    target: get(header::TARGET).and_then(text),
                     entered_at: field(header::ENTERED_AT)?,
                     after_occurrence: field(header::AFTER_OCCURRENCE)?,
                     born_before: field(header::BORN_BEFORE)?,
@@ -449,11 +456,7 @@ impl TombstoneSet {
         let cancelled_at = tombstone
             .cancelled_at
             .min(now_ms.saturating_add(CLOCK_ALLOWANCE_MS));
-        let longest = cancelled_at.saturating_add(self.keep_ms);
-        let expires_at = match tombstone.due_at {
-            Some(due_at) => longest.min(due_at.max(cancelled_at).saturating_add(self.grace_ms)),
-            None => longest,
-        };
+        let expires_at = self.expires_at(&tombstone, now_ms);
         if expires_at <= now_ms {
             return Inserted::Expired;
         }
@@ -493,6 +496,24 @@ impl TombstoneSet {
             self.by_expiry.insert((expires_at, id, target));
         }
         inserted
+    }
+
+    /// True when every copy `tombstone` covers is past its latest due time at `now_ms` (as
+    /// dated: a later reading can only make it leave sooner): it would not be kept.
+    pub fn expired(&self, tombstone: &Tombstone, now_ms: u64) -> bool {
+        self.expires_at(tombstone, now_ms) <= now_ms
+    }
+
+    /// When `tombstone`, read at `now_ms`, leaves memory.
+    fn expires_at(&self, tombstone: &Tombstone, now_ms: u64) -> u64 {
+        let cancelled_at = tombstone
+            .cancelled_at
+            .min(now_ms.saturating_add(CLOCK_ALLOWANCE_MS));
+        let longest = cancelled_at.saturating_add(self.keep_ms);
+        match tombstone.due_at {
+            Some(due_at) => longest.min(due_at.max(cancelled_at).saturating_add(self.grace_ms)),
+            None => longest,
+        }
     }
 
     /// True when a tombstone for `message_id` is live, whichever copies it covers. Counts
@@ -564,7 +585,9 @@ impl TombstoneSet {
     /// Adds a successor tombstone read at `now_ms`, kept a grace after the occurrence it
     /// names was due; false when that has passed.
     pub fn insert_successors(&mut self, successors: Successors, now_ms: u64) -> bool {
-        self.successors.insert(successors, self.grace_ms, now_ms)
+        let longest = self.keep_ms.saturating_add(self.grace_ms);
+        self.successors
+            .insert(successors, self.grace_ms, longest, now_ms)
     }
 
     /// True when the copy of a recurring schedule's `occurrence` bound for `target`, born
@@ -583,7 +606,20 @@ impl TombstoneSet {
             || self.replaces(message_id, target, entered_at)
             || self
                 .successors
-                .drops(message_id, entered_at, occurrence, born)
+                .drops(message_id, target, entered_at, occurrence, born)
+    }
+
+    /// True when the copy of a recurring schedule bound for `target` that entered at
+    /// `entered_at` is cancelled or replaced, whatever successor tombstones say (a
+    /// redelivered copy is born again after them). Counts the drop.
+    pub fn cancels_schedule(&mut self, message_id: &str, target: &str, entered_at: u64) -> bool {
+        self.cancels(message_id, entered_at) || self.replaces(message_id, target, entered_at)
+    }
+
+    /// The latest birth a successor tombstone of the schedule `(message_id, entered_at)`
+    /// bound for `target` names (see [`SuccessorSet::latest_birth`]).
+    pub fn latest_birth(&self, message_id: &str, target: &str, entered_at: u64) -> Option<u64> {
+        self.successors.latest_birth(message_id, target, entered_at)
     }
 
     /// How many successor tombstones are live.

@@ -122,10 +122,10 @@ pub mod header {
     /// [`signature`](super::signature)).
     pub const STATE_SIGNATURE: &str = "delay-bridge-signature";
     /// On a copy travelling through the levels, when `bridge.state_key` is set: the
-    /// HMAC-SHA256 (hex) of its bridge headers, its `message_id`, the publisher headers the
-    /// bridge acts on (`CC`, `BCC`, `x-repeat-*`) and its body (see
+    /// SHA-256 (hex) of its `message_id` and the publisher headers the bridge acts on
+    /// (`CC`, `BCC`, `x-repeat-*`), which the signature covers as a bridge header (see
     /// [`signature`](super::signature)).
-    pub const STATE_SIGNATURE_V2: &str = "delay-bridge-signature-v2";
+    pub const STATE_ACTED_ON: &str = "delay-bridge-acted-on";
     /// Failed deliveries so far, set by quorum queues on redelivery.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
     /// Prefixes of the headers dead-lettering adds; stripped on every re-publish.
@@ -165,7 +165,7 @@ pub mod header {
         BUNDLE_FIRST_DUE,
         BUNDLE_LAST_DUE,
         STATE_SIGNATURE,
-        STATE_SIGNATURE_V2,
+        STATE_ACTED_ON,
         DELIVERY_COUNT,
         "x-death",
         "x-first-death-reason",

@@ -30,8 +30,8 @@ use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
 use crate::cancel::{
-    CLOCK_EVERY, Clamp, Inserted, Read, StreamEntry, Tombstone, clamp_properties, read_entry,
-    sync_properties,
+    CLOCK_EVERY, Clamp, Inserted, Read, Scope, StreamEntry, Tombstone, clamp_properties,
+    read_entry, sync_properties,
 };
 use crate::clock::now_ms;
 
@@ -83,6 +83,7 @@ pub(super) async fn follow(
         .catching_up();
     let token = format!("{:032x}", rand::random::<u128>());
     let marker = append(
+        &shared,
         publish,
         &stream,
         sync_properties(ShortString::from(token.as_str()), now_ms()),
@@ -183,8 +184,9 @@ async fn run(
                     clamps.extend(held);
                     let _ = tx.send(read);
                 }
+                // Appended beside the read, which goes on meanwhile.
                 for clamp in clamps {
-                    append_clamp(&shared, &publish, clamp).await;
+                    tokio::spawn(append_clamp(shared.clone(), publish.clone(), clamp));
                 }
                 unacked = Some(delivery.delivery_tag);
                 if read.is_multiple_of(ACK_EVERY) || caught_up.is_none() {
@@ -213,7 +215,10 @@ fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Cla
         None => {
             let offset = stream_offset(&delivery.properties);
             let entry = read_entry(&delivery.properties);
-            (offset, apply(shared, entry, offset, token))
+            let bridges = delivery.properties.user_id().as_ref().map(|u| u.as_str())
+                == Some(shared.bridge_user.as_str());
+            let from = Written { offset, bridges };
+            (offset, apply(shared, entry, from, token))
         }
         Some(raw) => {
             let offset = raw_stream_offset(&raw.properties);
@@ -230,11 +235,11 @@ fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Cla
 /// Appends a clamp entry for a tombstone dated ahead that the follower holds; should the
 /// stream refuse it, the tombstone is applied here as the clamp says (this bridge then
 /// judged it alone).
-async fn append_clamp(shared: &Shared, publish: &Publisher, clamp: Clamp) {
+async fn append_clamp(shared: Arc<Shared>, publish: Publisher, clamp: Clamp) {
     let stream = shared.config.names.cancel_stream();
     let appended = match clamp_properties(&clamp, now_ms()) {
         Ok(properties) => matches!(
-            append(publish, &stream, properties).await,
+            append(&shared, &publish, &stream, properties).await,
             Disposition::Routed
         ),
         Err(_) => false,
@@ -251,7 +256,7 @@ async fn append_clamp(shared: &Shared, publish: &Publisher, clamp: Clamp) {
             .expect("future cancels lock")
             .clamp(clamp.offset, clamp.cancelled_at);
         if let Some(tombstone) = held {
-            insert(shared, tombstone);
+            insert(&shared, tombstone);
         }
     }
 }
@@ -264,19 +269,22 @@ async fn append_clock(shared: &Shared, publish: &Publisher) {
     let token = format!("clock-{:032x}", rand::random::<u128>());
     let properties = sync_properties(ShortString::from(token.as_str()), now_ms());
     if !matches!(
-        append(publish, &stream, properties).await,
+        append(shared, publish, &stream, properties).await,
         Disposition::Routed
     ) {
         tracing::warn!("the cancel stream did not take a clock entry");
     }
 }
 
-/// Appends an entry with `properties` (and no body) to `stream`, confirmed.
+/// Appends an entry with `properties` (and no body) to `stream`, confirmed, as the
+/// bridge's own (`user_id`, which the broker checks: see [`Written::bridges`]).
 async fn append(
+    shared: &Shared,
     publish: &Publisher,
     stream: &str,
     properties: lapin::BasicProperties,
 ) -> Disposition {
+    let properties = properties.with_user_id(ShortString::from(shared.bridge_user.as_str()));
     publish
         .publish(
             ShortString::from(""),
@@ -285,6 +293,18 @@ async fn append(
             properties,
         )
         .await
+}
+
+/// Where an entry was read, and who wrote it.
+#[derive(Clone, Copy)]
+struct Written {
+    /// Its stream offset.
+    offset: Option<u64>,
+    /// True when a bridge wrote it: its `user_id`, which the broker checks against the
+    /// publishing connection's user, is the bridge's. Clamps, clock times and schedules'
+    /// replacements are taken only from bridges (a canceller could write them too), plain
+    /// cancels from anyone who may write to the stream.
+    bridges: bool,
 }
 
 /// Says that the entry at `offset` is skipped: the codec cannot read it.
@@ -297,16 +317,28 @@ fn skip_unreadable(offset: Option<u64>) {
 
 /// Applies one entry read at `offset`: whether it is this follower's own catch-up marker,
 /// and the clamp entries to append (for a tombstone dated ahead, read live).
-fn apply(
-    shared: &Shared,
-    entry: StreamEntry,
-    offset: Option<u64>,
-    token: &str,
-) -> (bool, Vec<Clamp>) {
+fn apply(shared: &Shared, entry: StreamEntry, from: Written, token: &str) -> (bool, Vec<Clamp>) {
     let future = || shared.future_cancels.lock().expect("future cancels lock");
     match entry {
+        StreamEntry::Cancel(tombstone) if tombstone.scope != Scope::Every && !from.bridges => {
+            tracing::warn!(
+                message_id = %tombstone.message_id,
+                "skipping a schedule's replacement a bridge did not write"
+            );
+            (false, Vec::new())
+        }
         StreamEntry::Cancel(tombstone) => {
-            let read = future().tombstone(offset, tombstone, now_ms());
+            let now = now_ms();
+            // Nothing it covers can still be pending: not held, whatever its date.
+            if shared
+                .tombstones
+                .lock()
+                .expect("tombstone lock")
+                .expired(&tombstone, now)
+            {
+                return (false, Vec::new());
+            }
+            let read = future().tombstone(from.offset, tombstone, now);
             match read {
                 Read::Apply(tombstone) => insert(shared, tombstone),
                 Read::Held => {}
@@ -322,10 +354,16 @@ fn apply(
             (false, Vec::new())
         }
         StreamEntry::Sync { token: seen, at } => {
-            if let Some(at) = at {
+            if let Some(at) = at
+                && from.bridges
+            {
                 future().bridge_time(at);
             }
             (seen == token, Vec::new())
+        }
+        StreamEntry::Clamp { .. } if !from.bridges => {
+            tracing::warn!("skipping a clamp a bridge did not write");
+            (false, Vec::new())
         }
         StreamEntry::Clamp {
             offset,

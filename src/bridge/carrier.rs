@@ -23,6 +23,7 @@ use crate::amqp::wire::{self, Delivery};
 use crate::cancel::Successors;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::bundle;
+use crate::contract::signature::Trust;
 use crate::contract::{
     self, Envelope, Incoming, Intake, ParkReason, Parked, consumed_properties, delivery_properties,
     hop_properties, parked_properties,
@@ -356,9 +357,9 @@ impl Carrier {
             ..
         } = delivery;
         let signature = self.check_signature(&exchange, &properties, &data);
-        let vouched = signature.is_ok();
+        let vouched = signature == Ok(true);
         let read =
-            signature.and_then(|()| self.read(&exchange, &routing_key, &properties, redeliveries));
+            signature.and_then(|_| self.read(&exchange, &routing_key, &properties, redeliveries));
         let taken_in = exchange.as_str() != self.shared.work_exchange;
         match read {
             Ok(envelope) => Ok(Decoded {
@@ -429,25 +430,19 @@ impl Carrier {
             taken_in,
             redelivered,
         } = moving;
-        // A recurring schedule taken in replaces whatever its id named before.
-        if *taken_in && envelope.occurrence.is_some() {
-            match Box::pin(self.replace_older(*tag, envelope)).await {
-                Outcome::Done => {}
-                other => return other,
-            }
-        }
-        let reborn;
+        let renewed;
         let envelope = match envelope.occurrence {
-            Some(_) if *redelivered && !self.cancelled(envelope) => {
-                match Box::pin(self.reborn(*tag, envelope)).await {
-                    Ok(copy) => {
-                        reborn = copy;
-                        &reborn
+            Some(_) => {
+                match Box::pin(self.renew_line(*tag, envelope, *taken_in, *redelivered)).await {
+                    Ok(Some(copy)) => {
+                        renewed = copy;
+                        &renewed
                     }
+                    Ok(None) => envelope,
                     Err(outcome) => return outcome,
                 }
             }
-            _ => envelope,
+            None => envelope,
         };
         let rules = self.rules();
         let mut situation = Situation {
@@ -541,19 +536,22 @@ impl Carrier {
 
     /// Whether a delivery's state may be trusted: one that came back through the work
     /// exchange must carry a valid signature when `bridge.state_key` is set (else it is
-    /// parked `bad-state`); any other, and any without a key, passes.
+    /// parked `bad-state`); any other, and any without a key, passes. `Ok(true)` when the
+    /// bridge vouches for the state (see [`Undecodable::vouched`]): no key is set, or it
+    /// was signed; a copy let through by `bridge.accept_unsigned_state` is carried but not
+    /// vouched for.
     pub(super) fn check_signature(
         &self,
         exchange: &ShortString,
         properties: &lapin::BasicProperties,
         body: &[u8],
-    ) -> Result<(), Parked> {
+    ) -> Result<bool, Parked> {
         let config = &self.shared.config;
         match &config.state_keys {
-            Some(keys) if exchange.as_str() == self.shared.work_exchange => {
-                keys.verify(properties, body, config.accept_unsigned_state)
-            }
-            _ => Ok(()),
+            Some(keys) if exchange.as_str() == self.shared.work_exchange => keys
+                .verify(properties, body, config.accept_unsigned_state)
+                .map(|trust| trust == Trust::Signed),
+            _ => Ok(true),
         }
     }
 
@@ -648,7 +646,7 @@ impl Carrier {
         match self.publish_until_settled(attempt).await {
             Settled::Routed => {
                 self.shared.stats.hops.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(queue, hops = envelope.hops + 1, "hop");
+                tracing::trace!(queue, hops = envelope.hops.saturating_add(1), "hop");
                 Outcome::Done
             }
             Settled::Park(parked) => self.park_read(tag, body, envelope, parked).await,
@@ -713,7 +711,8 @@ impl Carrier {
                         again.detail
                     ),
                 );
-                Box::pin(self.park(tag, &[], routing_key, consumed, &without_body, vouched)).await
+                // Its body is gone: never replayed as if it were the message.
+                Box::pin(self.park(tag, &[], routing_key, consumed, &without_body, false)).await
             }
             // The parked queue refuses it too: leave it to the broker and say why.
             Settled::Park(again) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
@@ -808,19 +807,41 @@ impl Carrier {
         // Held to this bridge's limits at every occurrence, not only at intake: a copy an
         // older version or another configuration took in, or one whose rule changed on the
         // way (possible without a state key), costs no more than a new one may. Checked
-        // only while another occurrence follows (a schedule that ends here has no gap).
-        let config = &self.shared.config;
-        if delivering.next.is_some()
-            && let Err(refused) = recurrence.check(now, config.ladder.smallest(), config.max_delay)
+        // on the gaps around the next occurrence, one search more than delivering takes
+        // (the full check at intake looks further); only while another one follows.
+        if let Some(next) = delivering.next
+            && let Some(why) = self.beyond_limits(&recurrence, occurrence, next, now)
         {
             tracing::warn!(
                 message_id = ?envelope.properties.message_id,
-                %refused,
+                why,
                 "a recurring schedule is beyond this bridge's limits: this occurrence is delivered, and the schedule ends"
             );
             delivering.next = None;
         }
         Some((occurrence, delivering))
+    }
+
+    /// Why a schedule whose `current` occurrence is delivered at `now_ms`, `next` following
+    /// it, is beyond this bridge's limits, if it is: the gap after `next` under the smallest
+    /// recurring interval (or the smallest level, if longer), or `next` further than
+    /// `delays.max_delay` away.
+    fn beyond_limits(
+        &self,
+        recurrence: &Recurrence,
+        current: Occurrence,
+        next: Occurrence,
+        now_ms: u64,
+    ) -> Option<&'static str> {
+        let config = &self.shared.config;
+        let shortest = recurring::MIN_INTERVAL.max(config.ladder.smallest());
+        let following = recurrence.rule.next_after(next.due_ms);
+        if following.is_some_and(|f| f.saturating_sub(next.due_ms) < shortest.as_millis() as u64) {
+            return Some("occurrences closer together than the smallest recurring interval");
+        }
+        let wait = next.due_ms.saturating_sub(now_ms.max(current.due_ms));
+        (wait > config.max_delay.as_millis() as u64)
+            .then_some("occurrences further apart than delays.max_delay")
     }
 
     /// After an occurrence of a recurring schedule was delivered: the copy of the next
@@ -874,23 +895,97 @@ impl Carrier {
         outcome
     }
 
-    /// A redelivered copy of a recurring occurrence is born again: a successor tombstone
-    /// ("of this schedule, drop every copy of this occurrence or a later one born before
-    /// now") into the cancel stream, confirmed, then the copy carried on with that birth,
-    /// which every later copy of its line keeps. What its line published before the
-    /// delivery was given back (a hop, or the next occurrence after a delivery) is then
-    /// dropped at its next step, and of two lines that a crash left (two copies in flight
-    /// redelivered) the one born again last lives; so a schedule never runs twice. The
-    /// stream takes an entry only for a redelivery, never for an occurrence delivered in
-    /// the ordinary way.
+    /// Where a copy of a recurring occurrence starts a line of its own (the copy with its new
+    /// birth; `None`: it goes on as it is; `Err`: its delivery is done with, dropped or
+    /// given back):
+    /// - taken in: the schedule replaces what its id named before on its target
+    ///   ([`Carrier::replace_older`]), and its copies are born now;
+    /// - redelivered: born again ([`Carrier::reborn`]) unless a cancel or a replacement
+    ///   drops it; successor tombstones do not, for it may be the last copy of its
+    ///   schedule (its own rebirth's tombstone names a birth it never published);
+    /// - its line older than [`LINE_RENEWED_EVERY`](crate::cancel::LINE_RENEWED_EVERY):
+    ///   born again unless anything drops it, so a fork no redelivery flagged heals.
+    async fn renew_line(
+        &self,
+        tag: Tag,
+        envelope: &Envelope,
+        taken_in: bool,
+        redelivered: bool,
+    ) -> Result<Option<Envelope>, Outcome> {
+        if taken_in {
+            return match self.replace_older(tag, envelope).await {
+                Outcome::Done => Ok(Some(Envelope {
+                    born: crate::cancel::birth(now_ms(), rand::random()),
+                    ..envelope.clone()
+                })),
+                other => Err(other),
+            };
+        }
+        let dropped = if redelivered {
+            self.cancels_schedule(envelope)
+        } else if crate::cancel::renewal_due(envelope.born, now_ms()) {
+            self.cancelled(envelope)
+        } else {
+            return Ok(None);
+        };
+        if dropped {
+            return Err(Outcome::Done);
+        }
+        self.reborn(tag, envelope).await.map(Some)
+    }
+
+    /// The bridge's own user, as the `user_id` of what it appends to the cancel stream: the
+    /// broker checks it, so bridges tell their own entries from a canceller's.
+    fn bridge_user(&self) -> ShortString {
+        ShortString::from(self.shared.bridge_user.as_str())
+    }
+
+    /// True when a cancel or a later schedule's replacement drops this copy of a recurring
+    /// schedule (successor tombstones aside).
+    fn cancels_schedule(&self, envelope: &Envelope) -> bool {
+        let Some(id) = envelope.properties.message_id.as_ref() else {
+            return false;
+        };
+        let dropped = self
+            .shared
+            .tombstones
+            .lock()
+            .expect("tombstone lock")
+            .cancels_schedule(id.as_str(), &envelope.target, envelope.entered_at);
+        if dropped {
+            self.shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        dropped
+    }
+
+    /// A copy of a recurring occurrence is born again: a successor tombstone ("of this
+    /// schedule, drop every copy of this occurrence or a later one born before now") into
+    /// the cancel stream, confirmed, then the copy carried on with that birth, which every
+    /// later copy of its line keeps. What its line published before its delivery was given
+    /// back (a hop, or the next occurrence after a delivery) is then dropped at its next
+    /// step, and of two lines (two copies in flight redelivered, or a fork no redelivery
+    /// flagged, renewed) the one born again last lives; so a schedule does not run twice.
+    /// The stream takes an entry for a redelivery and once per
+    /// [`LINE_RENEWED_EVERY`](crate::cancel::LINE_RENEWED_EVERY), never per occurrence of a
+    /// frequent schedule.
     async fn reborn(&self, tag: Tag, envelope: &Envelope) -> Result<Envelope, Outcome> {
         let (Some(number), Some(id)) = (envelope.occurrence, &envelope.properties.message_id)
         else {
             return Ok(envelope.clone());
         };
-        // After its own line's birth whatever this instance's clock says: a copy born
-        // before its own tombstone would drop itself.
-        let born = crate::cancel::birth(now_ms(), rand::random()).max(envelope.born + 1);
+        // After its own line's birth and every birth a successor tombstone of its schedule
+        // names, whatever this instance's clock says: a copy born before a tombstone it
+        // knows of would be dropped by it.
+        let latest = self
+            .shared
+            .tombstones
+            .lock()
+            .expect("tombstone lock")
+            .latest_birth(id.as_str(), &envelope.target, envelope.entered_at)
+            .unwrap_or(0);
+        let born = crate::cancel::birth(now_ms(), rand::random())
+            .max(envelope.born.saturating_add(1))
+            .max(latest.saturating_add(1));
         // Kept until the latest copy it may have to drop is due: this occurrence's twin,
         // or the next occurrence that twin published.
         let headers = envelope.properties.headers.clone().unwrap_or_default();
@@ -907,6 +1002,7 @@ impl Carrier {
             });
         let successors = Successors {
             message_id: id.to_string(),
+            target: Some(envelope.target.clone()),
             entered_at: envelope.entered_at,
             after_occurrence: number.saturating_sub(1),
             born_before: born,
@@ -915,7 +1011,8 @@ impl Carrier {
         let tombstone = Attempt::stream_entry(
             tag,
             &self.shared.config.names.cancel_exchange(),
-            crate::cancel::successors_properties(id.clone(), &successors),
+            crate::cancel::successors_properties(id.clone(), &successors)
+                .with_user_id(self.bridge_user()),
         );
         match self.own_publish(tombstone).await {
             Outcome::Done => {
@@ -944,7 +1041,8 @@ impl Carrier {
                 id,
                 &envelope.target,
                 envelope.entered_at.saturating_sub(1),
-            ),
+            )
+            .with_user_id(self.bridge_user()),
         );
         self.own_publish(attempt).await
     }

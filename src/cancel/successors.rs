@@ -26,6 +26,9 @@ use std::collections::{BTreeSet, HashMap};
 pub struct Successors {
     /// The schedule's id.
     pub message_id: String,
+    /// The target exchange its copies are bound for (`None` in an entry a version before
+    /// 0.2 wrote: it names the schedule of that id and entry time whatever its target).
+    pub target: Option<String>,
     /// When the schedule entered (every copy of it carries this).
     pub entered_at: u64,
     /// Copies of the occurrences after this one are dropped...
@@ -40,6 +43,25 @@ pub struct Successors {
 /// Random bits in a birth below its milliseconds.
 const BIRTH_RANDOM_BITS: u32 = 20;
 
+/// How long a line of copies lives before it is born again even without a redelivery: a
+/// copy the broker stored twice without redelivering anything (a publish retried after
+/// its confirm was lost, a quorum level dead-lettering twice when its leader changed)
+/// forks a schedule into two lines of one birth, which no successor tombstone tells apart;
+/// both are born again within this, and the one born last drops the other. It costs one
+/// stream entry per schedule this often (or per occurrence, for a rarer schedule).
+pub const LINE_RENEWED_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// When the copy born at `born` was born, epoch ms.
+pub fn born_at_ms(born: u64) -> u64 {
+    born >> BIRTH_RANDOM_BITS
+}
+
+/// Whether a line born at `born` is due to be born again at `now_ms` (see
+/// [`LINE_RENEWED_EVERY`]).
+pub fn renewal_due(born: u64, now_ms: u64) -> bool {
+    born_at_ms(born).saturating_add(LINE_RENEWED_EVERY.as_millis() as u64) <= now_ms
+}
+
 /// The birth of a copy published at `now_ms`, with `random` bits to order copies born in
 /// the same millisecond.
 pub fn birth(now_ms: u64, random: u32) -> u64 {
@@ -47,11 +69,19 @@ pub fn birth(now_ms: u64, random: u32) -> u64 {
 }
 
 /// One live successor tombstone of a schedule.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Live {
+    target: Option<String>,
     after_occurrence: u64,
     born_before: u64,
     expires_at: u64,
+}
+
+impl Live {
+    /// Whether it is about the copies bound for `target`.
+    fn names(&self, target: &str) -> bool {
+        self.target.as_deref().is_none_or(|t| t == target)
+    }
 }
 
 /// The live successor tombstones, bounded by time.
@@ -64,16 +94,27 @@ pub struct SuccessorSet {
 }
 
 impl SuccessorSet {
-    /// Adds `tombstone`, kept until `grace_ms` after its due time; false when that has
-    /// passed at `now_ms`.
-    pub fn insert(&mut self, tombstone: Successors, grace_ms: u64, now_ms: u64) -> bool {
-        let expires_at = tombstone.due_at.saturating_add(grace_ms);
+    /// Adds `tombstone`, kept until `grace_ms` after its due time, but no longer than
+    /// `longest_ms` from `now_ms` (a due time no schedule can have does not keep it for
+    /// ever); false when that has passed at `now_ms`.
+    pub fn insert(
+        &mut self,
+        tombstone: Successors,
+        grace_ms: u64,
+        longest_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        let expires_at = tombstone
+            .due_at
+            .saturating_add(grace_ms)
+            .min(now_ms.saturating_add(longest_ms));
         if expires_at <= now_ms {
             return false;
         }
         let key = (tombstone.message_id, tombstone.entered_at);
         self.by_expiry.insert((expires_at, key.0.clone(), key.1));
         self.live.entry(key).or_default().push(Live {
+            target: tombstone.target,
             after_occurrence: tombstone.after_occurrence,
             born_before: tombstone.born_before,
             expires_at,
@@ -81,15 +122,36 @@ impl SuccessorSet {
         true
     }
 
+    /// The latest birth a successor tombstone of the schedule `(message_id, entered_at)`
+    /// bound for `target` names: a copy born again must be born after it, or its own
+    /// line's tombstone would drop it.
+    pub fn latest_birth(&self, message_id: &str, target: &str, entered_at: u64) -> Option<u64> {
+        self.live
+            .get(&(message_id.to_string(), entered_at))?
+            .iter()
+            .filter(|live| live.names(target))
+            .map(|live| live.born_before)
+            .max()
+    }
+
     /// True when a successor tombstone drops the copy of `occurrence` of the schedule
-    /// `(message_id, entered_at)` born at `born`.
-    pub fn drops(&self, message_id: &str, entered_at: u64, occurrence: u64, born: u64) -> bool {
+    /// `(message_id, entered_at)` bound for `target`, born at `born`.
+    pub fn drops(
+        &self,
+        message_id: &str,
+        target: &str,
+        entered_at: u64,
+        occurrence: u64,
+        born: u64,
+    ) -> bool {
         self.live
             .get(&(message_id.to_string(), entered_at))
             .is_some_and(|tombstones| {
-                tombstones
-                    .iter()
-                    .any(|live| occurrence > live.after_occurrence && born < live.born_before)
+                tombstones.iter().any(|live| {
+                    live.names(target)
+                        && occurrence > live.after_occurrence
+                        && born < live.born_before
+                })
             })
     }
 
@@ -137,6 +199,7 @@ mod tests {
     fn successors(after_occurrence: u64, born_before: u64) -> Successors {
         Successors {
             message_id: "digest".into(),
+            target: Some("orders".into()),
             entered_at: 1_000,
             after_occurrence,
             born_before,
@@ -149,24 +212,66 @@ mod tests {
         let (older, newer) = (birth(10_000, 7), birth(10_000, 9));
         let mut set = SuccessorSet::default();
         // Each parent's tombstone names the birth of the copy it published.
-        assert!(set.insert(successors(3, older), 60_000, 10_000));
-        assert!(set.insert(successors(3, newer), 60_000, 10_000));
-        assert!(set.drops("digest", 1_000, 4, older));
-        assert!(!set.drops("digest", 1_000, 4, newer));
+        assert!(set.insert(successors(3, older), 60_000, u64::MAX, 10_000));
+        assert!(set.insert(successors(3, newer), 60_000, u64::MAX, 10_000));
+        assert!(set.drops("digest", "orders", 1_000, 4, older));
+        assert!(!set.drops("digest", "orders", 1_000, 4, newer));
     }
 
     #[test]
     fn a_successor_tombstone_spares_its_own_occurrence_other_schedules_and_later_births() {
         let mut set = SuccessorSet::default();
-        set.insert(successors(3, birth(10_000, 0)), 60_000, 10_000);
+        set.insert(successors(3, birth(10_000, 0)), 60_000, u64::MAX, 10_000);
         // The occurrence that was delivered (redelivered, it must go on).
-        assert!(!set.drops("digest", 1_000, 3, birth(9_000, 0)));
+        assert!(!set.drops("digest", "orders", 1_000, 3, birth(9_000, 0)));
         // A replacement schedule with the same id entered later.
-        assert!(!set.drops("digest", 2_000, 4, birth(9_000, 0)));
-        assert!(!set.drops("other", 1_000, 4, birth(9_000, 0)));
+        assert!(!set.drops("digest", "orders", 2_000, 4, birth(9_000, 0)));
+        assert!(!set.drops("other", "orders", 1_000, 4, birth(9_000, 0)));
         // A later copy of a later occurrence.
-        assert!(!set.drops("digest", 1_000, 5, birth(11_000, 0)));
-        assert!(set.drops("digest", 1_000, 5, birth(9_000, 0)));
+        assert!(!set.drops("digest", "orders", 1_000, 5, birth(11_000, 0)));
+        assert!(set.drops("digest", "orders", 1_000, 5, birth(9_000, 0)));
+    }
+
+    #[test]
+    fn a_line_is_renewed_once_it_is_older_than_the_renewal_period() {
+        let period = LINE_RENEWED_EVERY.as_millis() as u64;
+        let born = birth(1_000_000, 5);
+        assert_eq!(born_at_ms(born), 1_000_000);
+        assert!(!renewal_due(born, 1_000_000 + period - 1));
+        assert!(renewal_due(born, 1_000_000 + period));
+        let mut set = SuccessorSet::default();
+        assert_eq!(set.latest_birth("digest", "orders", 1_000), None);
+        set.insert(successors(3, birth(10_000, 1)), 60_000, u64::MAX, 10_000);
+        set.insert(successors(4, birth(12_000, 1)), 60_000, u64::MAX, 10_000);
+        assert_eq!(
+            set.latest_birth("digest", "orders", 1_000),
+            Some(birth(12_000, 1))
+        );
+    }
+
+    #[test]
+    fn a_successor_tombstone_names_its_target_and_an_old_one_every_target() {
+        let mut set = SuccessorSet::default();
+        set.insert(successors(3, birth(10_000, 0)), 60_000, u64::MAX, 10_000);
+        assert!(!set.drops("digest", "payments", 1_000, 4, birth(9_000, 0)));
+        assert_eq!(set.latest_birth("digest", "payments", 1_000), None);
+        let before_0_2 = Successors {
+            target: None,
+            ..successors(5, birth(10_000, 0))
+        };
+        set.insert(before_0_2, 60_000, u64::MAX, 10_000);
+        assert!(set.drops("digest", "payments", 1_000, 6, birth(9_000, 0)));
+    }
+
+    #[test]
+    fn a_successor_tombstone_is_kept_no_longer_than_the_longest_bound() {
+        let mut set = SuccessorSet::default();
+        let forever = Successors {
+            due_at: u64::MAX,
+            ..successors(3, birth(10_000, 0))
+        };
+        assert!(set.insert(forever, 60_000, 100_000, 10_000));
+        assert_eq!(set.next_expiry(), Some(110_000));
     }
 
     #[test]
@@ -178,14 +283,14 @@ mod tests {
     #[test]
     fn successor_tombstones_expire_a_grace_after_their_due_time() {
         let mut set = SuccessorSet::default();
-        set.insert(successors(3, birth(10_000, 0)), 5_000, 10_000);
+        set.insert(successors(3, birth(10_000, 0)), 5_000, u64::MAX, 10_000);
         assert_eq!(set.next_expiry(), Some(55_000));
         assert_eq!(set.expire(54_999), 0);
         assert_eq!(set.len(), 1);
         assert_eq!(set.expire(55_000), 1);
         assert!(set.is_empty());
         assert!(
-            !set.insert(successors(3, 1), 5_000, 55_000),
+            !set.insert(successors(3, 1), 5_000, u64::MAX, 55_000),
             "already expired"
         );
     }

@@ -7,23 +7,27 @@
 //! who may write to the work exchange or a level cannot forge where, when, as whom, under
 //! which id or how often the bridge delivers. Without a key nothing is signed or checked.
 //!
-//! Two signatures travel together. `delay-bridge-signature-v2` covers all of the above;
-//! `delay-bridge-signature` (v1, the only one before 0.2) covers the bridge headers (the
-//! v2 one included) and the body, so a bridge of an older version on the same prefix still
-//! checks what a newer one signed. A copy with only the v1 signature (signed by an older
-//! version) is accepted only while `bridge.accept_unsigned_state` is set: its id and rule
-//! could have been changed without breaking it.
+//! The signature (`delay-bridge-signature`) is the one versions before 0.2 wrote: the HMAC
+//! of the bridge headers and the body. What else the bridge acts on is brought under it by
+//! a bridge header of its own, `delay-bridge-acted-on`: the SHA-256 of the `message_id`,
+//! `CC`, `BCC` and `x-repeat-*` headers. An older bridge on the same prefix checks the
+//! signature as it always did (the new header is one more bridge header to it); this one
+//! also checks that the digest matches what the copy carries. Removing the header breaks
+//! the signature. A copy without it (signed by an older version) is accepted only while
+//! `bridge.accept_unsigned_state` is set: its id and rule could have been changed. The body
+//! is read once, by the HMAC.
 //!
-//! What is signed, in order: for each bridge header but the signatures, by name (the table
-//! is sorted), its name and its value in a canonical form that does not depend on which
-//! AMQP integer or string type carried it; for v2 then the `message_id` and the publisher
-//! headers above, each by name; then the body. Each part is length-prefixed, so no two
-//! different copies sign the same bytes.
+//! What is signed, in order: for each bridge header but the signature itself, by name (the
+//! table is sorted), its name and its value in a canonical form that does not depend on
+//! which AMQP integer or string type carried it; then the body. The digest takes the
+//! `message_id` and the acted-on headers, by name, in the same canonical form. Each part is
+//! length-prefixed, so no two different copies sign the same bytes.
 
 use hmac::{Hmac, Mac};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use sha2::Sha256;
+use sha2::digest::Update;
+use sha2::{Digest, Sha256};
 
 use super::value::as_integer;
 use super::{ParkReason, Parked, header};
@@ -47,6 +51,18 @@ impl std::fmt::Debug for StateKeys {
     }
 }
 
+/// How a copy's state passed [`StateKeys::verify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// Signed by a bridge of this version with a configured key: everything it acts on is
+    /// the bridge's own.
+    Signed,
+    /// Not signed, or signed by a version before 0.2, and accepted because
+    /// `bridge.accept_unsigned_state` is set: carried, but not vouched for (a parked copy
+    /// of it is not signed, so never replayed).
+    Accepted,
+}
+
 impl StateKeys {
     /// Keys from their bytes; `None` when one is shorter than [`MIN_KEY_BYTES`].
     pub fn new(current: &[u8], previous: Option<&[u8]>) -> Option<Self> {
@@ -60,8 +76,8 @@ impl StateKeys {
         })
     }
 
-    /// `properties` with both signature headers of `properties` and `body` set (replacing
-    /// any there): v2 first, then v1 over the bridge headers with v2 among them.
+    /// `properties` with the digest of what the bridge acts on and the signature of
+    /// `properties` and `body` set (replacing any there).
     pub fn sign(&self, properties: BasicProperties, body: &[u8]) -> BasicProperties {
         let mut headers = properties
             .headers()
@@ -69,60 +85,39 @@ impl StateKeys {
             .map(|h| h.inner().clone())
             .unwrap_or_default();
         headers.remove(header::STATE_SIGNATURE);
-        headers.remove(header::STATE_SIGNATURE_V2);
-        let message_id = properties.message_id().as_ref();
-        let v2 = Coverage::V2 { message_id };
-        let table = FieldTable::from(headers.clone());
+        let digest = acted_on_digest(&FieldTable::from(headers.clone()), &properties);
         headers.insert(
-            ShortString::from(header::STATE_SIGNATURE_V2),
-            hex_value(mac(&self.current, &table, body, v2)),
+            ShortString::from(header::STATE_ACTED_ON),
+            AMQPValue::LongString(LongString::from(hex::encode(digest))),
         );
         let table = FieldTable::from(headers.clone());
+        let signature = mac(&self.current, &table, body).finalize().into_bytes();
         headers.insert(
             ShortString::from(header::STATE_SIGNATURE),
-            hex_value(mac(&self.current, &table, body, Coverage::V1)),
+            AMQPValue::LongString(LongString::from(hex::encode(signature))),
         );
         properties.with_headers(FieldTable::from(headers))
     }
 
     /// Whether the signature of a copy with `properties` and `body` is valid under the
-    /// current or the previous key; else the reason to park it. A copy signed by an older
-    /// version (v1 only) or not signed at all is accepted only when `accept_unsigned`
-    /// (while a key is being introduced, or during an upgrade from a version before 0.2).
+    /// current or the previous key, and its digest matches what it carries; else the
+    /// reason to park it. A copy signed by an older version (no digest) or not signed at
+    /// all is [`Trust::Accepted`] only when `accept_unsigned` (while a key is being
+    /// introduced, or during an upgrade from a version before 0.2).
     pub fn verify(
         &self,
         properties: &BasicProperties,
         body: &[u8],
         accept_unsigned: bool,
-    ) -> Result<(), Parked> {
+    ) -> Result<Trust, Parked> {
         let empty = FieldTable::default();
         let table = properties.headers().as_ref().unwrap_or(&empty);
-        let (given, coverage) = match (
-            table.inner().get(header::STATE_SIGNATURE_V2),
-            table.inner().get(header::STATE_SIGNATURE),
-        ) {
-            (Some(v2), _) => (
-                v2,
-                Coverage::V2 {
-                    message_id: properties.message_id().as_ref(),
-                },
-            ),
-            (None, Some(v1)) if accept_unsigned => (v1, Coverage::V1),
-            (None, Some(_)) => {
-                return Err(Parked::new(
-                    ParkReason::BadState,
-                    "the bridge state carries only the signature of a version before 0.2, \
-                     which leaves its message id and rule unsigned (accepted only while \
-                     bridge.accept_unsigned_state is set)",
-                ));
+        let bad = |why: &str| Err(Parked::new(ParkReason::BadState, why.to_string()));
+        let Some(given) = table.inner().get(header::STATE_SIGNATURE) else {
+            if accept_unsigned {
+                return Ok(Trust::Accepted);
             }
-            (None, None) if accept_unsigned => return Ok(()),
-            (None, None) => {
-                return Err(Parked::new(
-                    ParkReason::BadState,
-                    "the bridge state is not signed (bridge.state_key is set)",
-                ));
-            }
+            return bad("the bridge state is not signed (bridge.state_key is set)");
         };
         let given = match given {
             AMQPValue::LongString(text) => hex::decode(text.as_bytes()).ok(),
@@ -132,35 +127,44 @@ impl StateKeys {
         let valid = given.is_some_and(|given| {
             std::iter::once(&self.current)
                 .chain(self.previous.as_ref())
-                .any(|key| mac(key, table, body, coverage).verify_slice(&given).is_ok())
+                .any(|key| mac(key, table, body).verify_slice(&given).is_ok())
         });
-        if valid {
-            Ok(())
-        } else {
-            Err(Parked::new(
-                ParkReason::BadState,
+        if !valid {
+            return bad(
                 "the bridge state's signature does not match (forged or changed, or signed \
                  with another bridge.state_key)",
-            ))
+            );
+        }
+        let Some(carried) = table.inner().get(header::STATE_ACTED_ON) else {
+            if accept_unsigned {
+                return Ok(Trust::Accepted);
+            }
+            return bad(
+                "the bridge state carries only the signature of a version before 0.2, which \
+                 leaves its message id and rule unsigned (accepted only while \
+                 bridge.accept_unsigned_state is set)",
+            );
+        };
+        let matches = match carried {
+            AMQPValue::LongString(text) => hex::decode(text.as_bytes()).ok(),
+            AMQPValue::ShortString(text) => hex::decode(text.as_str()).ok(),
+            _ => None,
+        }
+        .is_some_and(|carried| carried[..] == acted_on_digest(table, properties)[..]);
+        if matches {
+            Ok(Trust::Signed)
+        } else {
+            bad(
+                "its message id, CC, BCC or x-repeat-* rule changed after the bridge signed \
+                 it",
+            )
         }
     }
 }
 
-/// What a signature covers besides the bridge headers and the body.
-#[derive(Clone, Copy)]
-enum Coverage<'a> {
-    /// Nothing more (`delay-bridge-signature`, every version).
-    V1,
-    /// The `message_id` and the publisher headers the bridge acts on
-    /// (`delay-bridge-signature-v2`, from 0.2).
-    V2 {
-        /// The copy's `message_id`.
-        message_id: Option<&'a ShortString>,
-    },
-}
-
-/// Whether a publisher header is one the bridge acts on in flight, and so signed by v2:
-/// `CC`, `BCC` (extra routing keys at the target) and the recurring rule (`x-repeat-*`).
+/// Whether a publisher header is one the bridge acts on in flight, and so under the
+/// signature: `CC`, `BCC` (extra routing keys at the target) and the recurring rule
+/// (`x-repeat-*`).
 fn acted_on(name: &str) -> bool {
     name == header::CC || name == header::BCC || name.starts_with(REPEAT_PREFIX)
 }
@@ -168,81 +172,75 @@ fn acted_on(name: &str) -> bool {
 /// The prefix of the recurring rule's headers.
 const REPEAT_PREFIX: &str = "x-repeat-";
 
-/// `mac` finalized, as the hex text a signature header holds.
-fn hex_value(mac: HmacSha256) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(hex::encode(mac.finalize().into_bytes())))
+/// The SHA-256 of what the bridge acts on besides its own headers: the `message_id` of
+/// `properties` and the acted-on headers of `table`.
+fn acted_on_digest(table: &FieldTable, properties: &BasicProperties) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    match properties.message_id() {
+        Some(id) => {
+            Update::update(&mut digest, b"s");
+            part(&mut digest, id.as_str().as_bytes());
+        }
+        None => Update::update(&mut digest, b"-"),
+    }
+    for (name, value) in table.inner() {
+        if acted_on(name.as_str()) {
+            part(&mut digest, name.as_str().as_bytes());
+            canonical(&mut digest, value);
+        }
+    }
+    digest.finalize().into()
 }
 
-/// The HMAC of the bridge headers of `table` (but the signatures; v1 does not leave out
-/// the v2 one, which it predates), what `coverage` adds, and `body`, not yet finalized.
-fn mac(key: &[u8], table: &FieldTable, body: &[u8], coverage: Coverage<'_>) -> HmacSha256 {
+/// The HMAC of the bridge headers of `table` (but the signature) and `body`, not yet
+/// finalized.
+fn mac(key: &[u8], table: &FieldTable, body: &[u8]) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
-    let left_out: &[&str] = match coverage {
-        Coverage::V1 => &[header::STATE_SIGNATURE],
-        Coverage::V2 { .. } => &[header::STATE_SIGNATURE, header::STATE_SIGNATURE_V2],
-    };
     for (name, value) in table.inner() {
         let name = name.as_str();
-        if !name.starts_with(header::BRIDGE_PREFIX) || left_out.contains(&name) {
+        if !name.starts_with(header::BRIDGE_PREFIX) || name == header::STATE_SIGNATURE {
             continue;
         }
         part(&mut mac, name.as_bytes());
         canonical(&mut mac, value);
-    }
-    if let Coverage::V2 { message_id } = coverage {
-        // Tagged apart from the headers' names, which cannot be empty.
-        part(&mut mac, b"");
-        match message_id {
-            Some(id) => {
-                mac.update(b"s");
-                part(&mut mac, id.as_str().as_bytes());
-            }
-            None => mac.update(b"-"),
-        }
-        for (name, value) in table.inner() {
-            if acted_on(name.as_str()) {
-                part(&mut mac, name.as_str().as_bytes());
-                canonical(&mut mac, value);
-            }
-        }
     }
     part(&mut mac, body);
     mac
 }
 
 /// `bytes`, preceded by their length.
-fn part(mac: &mut HmacSha256, bytes: &[u8]) {
-    mac.update(&(bytes.len() as u64).to_be_bytes());
-    mac.update(bytes);
+fn part(hash: &mut impl Update, bytes: &[u8]) {
+    hash.update(&(bytes.len() as u64).to_be_bytes());
+    hash.update(bytes);
 }
 
 /// A header value as a type tag and its content: every integer type as one, every string
 /// type as one, arrays item by item; any other type by its debug form.
-fn canonical(mac: &mut HmacSha256, value: &AMQPValue) {
+fn canonical(hash: &mut impl Update, value: &AMQPValue) {
     if let Some(integer) = as_integer(value) {
-        mac.update(b"i");
-        mac.update(&integer.to_be_bytes());
+        hash.update(b"i");
+        hash.update(&integer.to_be_bytes());
         return;
     }
     match value {
         AMQPValue::LongString(text) => {
-            mac.update(b"s");
-            part(mac, text.as_bytes());
+            hash.update(b"s");
+            part(hash, text.as_bytes());
         }
         AMQPValue::ShortString(text) => {
-            mac.update(b"s");
-            part(mac, text.as_str().as_bytes());
+            hash.update(b"s");
+            part(hash, text.as_str().as_bytes());
         }
         AMQPValue::FieldArray(items) => {
-            mac.update(b"a");
-            mac.update(&(items.as_slice().len() as u64).to_be_bytes());
+            hash.update(b"a");
+            hash.update(&(items.as_slice().len() as u64).to_be_bytes());
             for item in items.as_slice() {
-                canonical(mac, item);
+                canonical(hash, item);
             }
         }
         other => {
-            mac.update(b"x");
-            part(mac, format!("{other:?}").as_bytes());
+            hash.update(b"x");
+            part(hash, format!("{other:?}").as_bytes());
         }
     }
 }
@@ -288,7 +286,7 @@ mod tests {
     fn a_signed_copy_verifies_and_any_change_of_state_or_body_does_not() {
         let keys = keys();
         let signed = keys.sign(state("orders", 1_000), b"body");
-        assert_eq!(keys.verify(&signed, b"body", false), Ok(()));
+        assert_eq!(keys.verify(&signed, b"body", false), Ok(Trust::Signed));
         // Forged: another target, another due time, another body, a state header added.
         let other_target = with_header(
             &signed,
@@ -343,7 +341,7 @@ mod tests {
             header::STATE_TARGET,
             AMQPValue::ShortString("orders".into()),
         );
-        assert_eq!(keys.verify(&travelled, b"body", false), Ok(()));
+        assert_eq!(keys.verify(&travelled, b"body", false), Ok(Trust::Signed));
     }
 
     #[test]
@@ -351,7 +349,7 @@ mod tests {
         let keys = keys();
         let unsigned = state("orders", 1_000);
         assert!(keys.verify(&unsigned, b"", false).is_err());
-        assert_eq!(keys.verify(&unsigned, b"", true), Ok(()));
+        assert_eq!(keys.verify(&unsigned, b"", true), Ok(Trust::Accepted));
         let old = StateKeys::new(b"the previous key, 16+ bytes", None).unwrap();
         let rotated = StateKeys::new(
             b"0123456789abcdef0123456789abcdef",
@@ -359,12 +357,15 @@ mod tests {
         )
         .unwrap();
         let signed_before = old.sign(unsigned.clone(), b"");
-        assert_eq!(rotated.verify(&signed_before, b"", false), Ok(()));
+        assert_eq!(
+            rotated.verify(&signed_before, b"", false),
+            Ok(Trust::Signed)
+        );
         assert!(keys.verify(&signed_before, b"", false).is_err());
         // A garbled signature is a bad one, never a panic.
         let garbled = with_header(
             &signed_before,
-            header::STATE_SIGNATURE_V2,
+            header::STATE_SIGNATURE,
             AMQPValue::LongString("zz".into()),
         );
         assert!(rotated.verify(&garbled, b"", false).is_err());
@@ -372,15 +373,19 @@ mod tests {
         assert_eq!(format!("{keys:?}"), "StateKeys(<redacted>)");
     }
 
-    /// A copy signed as a version before 0.2 signed it: v1 only.
+    /// A copy signed as a version before 0.2 signed it: no digest.
     fn signed_as_before(
         keys: &StateKeys,
         properties: BasicProperties,
         body: &[u8],
     ) -> BasicProperties {
         let table = properties.headers().clone().unwrap_or_default();
-        let v1 = hex_value(mac(&keys.current, &table, body, Coverage::V1));
-        with_header(&properties, header::STATE_SIGNATURE, v1)
+        let signature = hex::encode(mac(&keys.current, &table, body).finalize().into_bytes());
+        with_header(
+            &properties,
+            header::STATE_SIGNATURE,
+            AMQPValue::LongString(signature.into()),
+        )
     }
 
     #[test]
@@ -392,7 +397,7 @@ mod tests {
             AMQPValue::LongString("1h".into()),
         );
         let signed = keys.sign(copy, b"body");
-        assert_eq!(keys.verify(&signed, b"body", false), Ok(()));
+        assert_eq!(keys.verify(&signed, b"body", false), Ok(Trust::Signed));
         let changed = [
             signed.clone().with_message_id("someone-else".into()),
             with_header(
@@ -414,22 +419,24 @@ mod tests {
         }
         // What the bridge does not act on may change on the way, as before.
         let other = with_header(&signed, "publisher-header", AMQPValue::LongLongInt(7));
-        assert_eq!(keys.verify(&other, b"body", false), Ok(()));
+        assert_eq!(keys.verify(&other, b"body", false), Ok(Trust::Signed));
     }
 
     #[test]
     fn an_older_version_verifies_what_this_one_signs_and_its_own_copies_need_the_upgrade_switch() {
         let keys = keys();
         let signed = keys.sign(state("orders", 1_000).with_message_id("m".into()), b"body");
-        // An older version checks v1 over every bridge header but v1: the v2 one included.
+        // An older version checks the signature over every bridge header but itself: the
+        // digest included.
         let table = signed.headers().clone().unwrap();
-        let v1 = match table.inner().get(header::STATE_SIGNATURE) {
+        let signature = match table.inner().get(header::STATE_SIGNATURE) {
             Some(AMQPValue::LongString(text)) => hex::decode(text.as_bytes()).unwrap(),
-            other => panic!("no v1 signature: {other:?}"),
+            other => panic!("no signature: {other:?}"),
         };
+        assert!(table.inner().contains_key(header::STATE_ACTED_ON));
         assert!(
-            mac(&keys.current, &table, b"body", Coverage::V1)
-                .verify_slice(&v1)
+            mac(&keys.current, &table, b"body")
+                .verify_slice(&signature)
                 .is_ok()
         );
         // What an older version signed: only while unsigned state is accepted, and then
@@ -437,18 +444,20 @@ mod tests {
         let before = signed_as_before(&keys, state("orders", 1_000), b"body");
         let refused = keys.verify(&before, b"body", false).unwrap_err();
         assert!(refused.detail.contains("before 0.2"), "{}", refused.detail);
-        assert_eq!(keys.verify(&before, b"body", true), Ok(()));
+        assert_eq!(keys.verify(&before, b"body", true), Ok(Trust::Accepted));
         let forged_before = with_header(
             &before,
             header::STATE_TARGET,
             AMQPValue::LongString("x".into()),
         );
         assert!(keys.verify(&forged_before, b"body", true).is_err());
-        // Stripping v2 from a copy this version signed does not downgrade it.
+        // Stripping the digest from a copy this version signed does not downgrade it: the
+        // signature covered it.
         let mut stripped = signed.headers().clone().unwrap().inner().clone();
-        stripped.remove(header::STATE_SIGNATURE_V2);
+        stripped.remove(header::STATE_ACTED_ON);
         let stripped = signed.clone().with_headers(FieldTable::from(stripped));
         assert!(keys.verify(&stripped, b"body", false).is_err());
+        assert!(keys.verify(&stripped, b"body", true).is_err());
     }
 
     proptest! {

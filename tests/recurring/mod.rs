@@ -297,6 +297,79 @@ async fn a_lost_session_doubles_at_most_one_occurrence_and_never_the_schedule() 
     w.cleanup().await;
 }
 
+/// A copy held at its delivery (its target nacks it: a queue full with `reject-publish`)
+/// is given back by a cut session twice: the first redelivery is born again (its successor
+/// tombstone written) and keeps retrying, the second still carries its old birth, which
+/// that tombstone names. It must be born again once more, not dropped: once the target
+/// takes messages again, the schedule goes on.
+#[tokio::test]
+async fn a_copy_given_back_twice_in_a_row_keeps_its_schedule() {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+    let mut w = World::start(Setup::new("recurring-twice")).await;
+    let stats = w.stats();
+    let full = format!("{}.full", w.prefix());
+    let ch = w.conn.create_channel().await.unwrap();
+    let mut args = lapin::types::FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    args.insert("x-overflow".into(), text("reject-publish"));
+    ch.queue_declare(full.as_str().into(), QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    w.adopt_queue(&full);
+    ch.queue_bind(
+        full.as_str().into(),
+        w.target.as_str().into(),
+        "rk.twice".into(),
+        QueueBindOptions::default(),
+        lapin::types::FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    w.publish(
+        "rk.twice",
+        b"twice",
+        schedule("twice", vec![(header::EVERY, text("1s"))]),
+    )
+    .await;
+    let nacked = |stats: &std::sync::Arc<delay_bridge::bridge::Stats>| stats.snapshot().nacks;
+    let name = format!("delay-bridge {}", w.prefix());
+    for cut in 0..2 {
+        let before = nacked(&stats);
+        wait_until("the held occurrence is retried", 20 * SEC, || {
+            nacked(&stats) > before
+        })
+        .await;
+        assert!(close_connections_named(&name) > 0, "cut {cut}");
+        wait_for_consumers(&w, 1, 20 * SEC).await;
+    }
+    let before = nacked(&stats);
+    wait_until("the schedule's copy is still retried", 20 * SEC, || {
+        nacked(&stats) > before
+    })
+    .await;
+    ch.queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    // Each nacked attempt also reached the target's own queue (a queue that refuses does
+    // not unroute it from the others): occurrence 1 arrives once per attempt. Then the
+    // schedule goes on.
+    let deadline = std::time::Instant::now() + 20 * SEC;
+    loop {
+        let number = integer(&w.recv_within(20 * SEC).await, header::OCCURRENCE);
+        if number >= 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the schedule stopped at {number}"
+        );
+    }
+    let client = w.client().await;
+    client.cancel("twice").await.expect("cancelled");
+    client.close().await.expect("closed");
+    w.cleanup().await;
+}
+
 /// The typed client: `schedule_every` to a count, and what it refuses before publishing.
 #[tokio::test]
 async fn the_typed_client_schedules_every_and_cron_and_refuses_what_bridges_would() {

@@ -131,6 +131,15 @@ pub(in crate::bridge) struct Bundle {
 
 /// A bundle kept as it came (see [`PreparedBundle::Sealed`]): read only should its messages
 /// go apart.
+/// What a bundle's delivery says of every message in it.
+#[derive(Clone, Copy)]
+pub(in crate::bridge) struct Provenance {
+    /// The broker flagged the delivery redelivered (see `Decoded::redelivered`).
+    redelivered: bool,
+    /// The bridge vouches for the bundle's state (see `Undecodable::vouched`).
+    vouched: bool,
+}
+
 pub(in crate::bridge) struct Sealed {
     /// Its delivery.
     tag: Tag,
@@ -142,6 +151,8 @@ pub(in crate::bridge) struct Sealed {
     properties: BasicProperties,
     /// Its body as consumed.
     body: Vec<u8>,
+    /// Where it comes from.
+    provenance: Provenance,
     /// How many messages it carries.
     count: usize,
     /// What its header says of them.
@@ -190,7 +201,11 @@ impl Carrier {
         match answered.await.unwrap_or(Answer::Release) {
             Answer::Routed => {
                 self.shared.stats.hops.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(?level, hops = envelope.hops + 1, "hop in a bundle");
+                tracing::trace!(
+                    ?level,
+                    hops = envelope.hops.saturating_add(1),
+                    "hop in a bundle"
+                );
                 Some(Outcome::Done)
             }
             Answer::Alone => None,
@@ -305,9 +320,13 @@ impl Carrier {
                 vouched,
             }))
         };
-        if let Err(parked) = self.check_signature(&exchange, &properties, &data) {
-            return unreadable(data, routing_key, properties, parked, false);
-        }
+        let provenance = match self.check_signature(&exchange, &properties, &data) {
+            Ok(vouched) => Provenance {
+                redelivered: redeliveries.is_some(),
+                vouched,
+            },
+            Err(parked) => return unreadable(data, routing_key, properties, parked, false),
+        };
         let too_often = self.redelivered_too_often(&properties, redeliveries);
         let summary = bundle::summary(&properties);
         let count = bundle::count(&properties).and_then(|count| usize::try_from(count).ok());
@@ -323,11 +342,11 @@ impl Carrier {
                 routing_key,
                 properties,
                 body: data,
+                provenance,
                 count,
                 summary,
             }));
         }
-        let redelivered = redeliveries.is_some();
         let read = self.read_bundle(
             tag,
             &exchange,
@@ -335,11 +354,11 @@ impl Carrier {
             &properties,
             &data,
             too_often,
-            redelivered,
+            provenance,
         );
         match read {
             Ok(bundle) => PreparedBundle::Read(bundle),
-            Err(parked) => unreadable(data, routing_key, properties, parked, true),
+            Err(parked) => unreadable(data, routing_key, properties, parked, provenance.vouched),
         }
     }
 
@@ -362,7 +381,7 @@ impl Carrier {
         properties: &BasicProperties,
         body: &[u8],
         too_often: Option<Parked>,
-        redelivered: bool,
+        provenance: Provenance,
     ) -> Result<Bundle, Parked> {
         let read_at = now_ms();
         let members = bundle::decode_bundle(properties, body)?;
@@ -394,7 +413,7 @@ impl Carrier {
                             waits_here,
                             lane: Some(lane),
                             taken_in: false,
-                            redelivered,
+                            redelivered: provenance.redelivered,
                         })
                     }
                     Err(parked) => Err(Box::new(Undecodable {
@@ -403,7 +422,7 @@ impl Carrier {
                         routing_key: routing_key.clone(),
                         consumed: properties,
                         parked,
-                        vouched: true,
+                        vouched: provenance.vouched,
                     })),
                 }
             })
@@ -526,9 +545,7 @@ impl Carrier {
                     &sealed.properties,
                     &sealed.body,
                     None,
-                    // A sealed bundle holds no recurring occurrence (it has no summary
-                    // then): nothing in it is born again.
-                    false,
+                    sealed.provenance,
                 );
                 match read {
                     Ok(bundle) => self.carry_messages(&bundle).await,
@@ -539,7 +556,7 @@ impl Carrier {
                             &sealed.routing_key,
                             &sealed.properties,
                             &parked,
-                            true,
+                            sealed.provenance.vouched,
                         ))
                         .await
                     }
