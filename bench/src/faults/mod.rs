@@ -136,11 +136,30 @@ impl Parked {
 /// Reads the parked queue to the end (acknowledging: the scenario's topology is deleted
 /// next) and counts its messages by sequence number and reason.
 pub async fn read_parked(urls: &[BrokerUrl], queue: &str, expected: u64) -> Result<Parked> {
+    count_parked(urls, queue, expected, true).await
+}
+
+/// As [`read_parked`], leaving every message in the queue: they are read unacknowledged
+/// and go back, in their order, when the reader's channel closes.
+pub async fn peek_parked(urls: &[BrokerUrl], queue: &str, expected: u64) -> Result<Parked> {
+    count_parked(urls, queue, expected, false).await
+}
+
+/// Reads the parked queue to the end, taking its messages out or not (`take`).
+async fn count_parked(
+    urls: &[BrokerUrl],
+    queue: &str,
+    expected: u64,
+    take: bool,
+) -> Result<Parked> {
     let mut next = 0;
     let conn = traffic::connect_any(urls, &mut next, "delay-bridge faults parked reader").await?;
-    let (_channel, mut consumer) = consume_no_ack(&conn, queue, "delay-bridge-faults-parked")
-        .await
-        .with_context(|| format!("consuming {queue}"))?;
+    let consumed = if take {
+        consume_no_ack(&conn, queue, "delay-bridge-faults-parked").await
+    } else {
+        consume_unacked(&conn, queue, "delay-bridge-faults-parked-peek").await
+    };
+    let (channel, mut consumer) = consumed.with_context(|| format!("consuming {queue}"))?;
     let mut parked = Parked {
         copies: vec![0; expected as usize],
         ..Parked::default()
@@ -170,8 +189,29 @@ pub async fn read_parked(urls: &[BrokerUrl], queue: &str, expected: u64) -> Resu
             *copies += 1;
         }
     }
+    // Closing the channel first hands back whatever was read unacknowledged.
+    let _ = channel.close(200, "read".into()).await;
     let _ = conn.close(200, "read".into()).await;
     Ok(parked)
+}
+
+/// Consumes `queue` with acknowledgements and no prefetch limit: nothing read is removed
+/// until acknowledged (the caller never does).
+async fn consume_unacked(
+    conn: &lapin::Connection,
+    queue: &str,
+    tag: &str,
+) -> lapin::Result<(lapin::Channel, lapin::Consumer)> {
+    let channel = conn.create_channel().await?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, consumer))
 }
 
 /// The outcome of a fault scenario, the same for each.
@@ -240,6 +280,18 @@ impl Tally {
     /// Prints the table, the targets and the JSON report (its last line), with the
     /// scenario's own fields.
     pub fn print(&self, lines: &[String], targets: &[Target], fault: report::FaultDone) {
+        self.print_with(lines, &[], targets, fault);
+    }
+
+    /// As [`Tally::print`], with `after` printed below the tally's own lines (figures the
+    /// scenario measured after the tally).
+    pub fn print_with(
+        &self,
+        lines: &[String],
+        after: &[String],
+        targets: &[Target],
+        fault: report::FaultDone,
+    ) {
         println!("{}:", self.scenario);
         for line in lines {
             println!("  {line}");
@@ -271,6 +323,9 @@ impl Tally {
         }
         if let Some(late) = self.late_window() {
             println!("  {late}");
+        }
+        for line in after {
+            println!("  {line}");
         }
         print_targets(targets);
         let report = report::Report::new(

@@ -226,6 +226,11 @@ impl Seen {
         self.copies.iter().filter(|c| **c > 0).count() as u64
     }
 
+    /// Every arrival: each copy of a message of this run, and every foreign body.
+    pub fn arrivals(&self) -> u64 {
+        self.copies.iter().map(|c| u64::from(*c)).sum::<u64>() + self.foreign
+    }
+
     /// Copies beyond the first.
     pub fn duplicates(&self) -> u64 {
         self.copies
@@ -266,6 +271,13 @@ impl FaultCollector {
     /// Distinct sequence numbers seen so far.
     pub fn delivered(&self) -> u64 {
         self.seen.lock().expect("not poisoned").delivered()
+    }
+
+    /// What it has seen so far (it goes on collecting).
+    pub fn seen_now(&self) -> Seen {
+        let mut seen = self.seen.lock().expect("not poisoned").clone();
+        seen.lateness_us.sort_unstable();
+        seen
     }
 
     /// Waits until `target` distinct messages arrived or `deadline` passed, then watches

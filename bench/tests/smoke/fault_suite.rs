@@ -71,3 +71,26 @@ async fn fault_fuzz_reduced() {
         assert_eq!(t.verdict, Verdict::Pass, "{report:?}");
     }
 }
+
+/// The fuzz as an adversary (a signing bridge, a second route, a publisher with the
+/// recipe's rights only, forged state bound for the second route): nothing reaches the
+/// second route and nothing is lost, before and after a `parked replay`.
+#[tokio::test]
+async fn fault_fuzz_adversary_reduced() {
+    let report: Report<Fault> = bench(&["fuzz", "--adversary", "--count", "300"]).await;
+    assert_nothing_missing(&report);
+    assert_eq!(report.body.fault.bridge_reconnects, Some(0), "{report:?}");
+    for name in [
+        "0 delivered outside their route",
+        "0 lost",
+        "the second route delivers",
+    ] {
+        let target = report
+            .target(name)
+            .unwrap_or_else(|| panic!("no target `{name}`: {report:?}"));
+        assert_eq!(target.verdict, Verdict::Pass, "{report:?}");
+    }
+    for t in &report.targets {
+        assert_eq!(t.verdict, Verdict::Pass, "{report:?}");
+    }
+}
