@@ -445,6 +445,8 @@ async fn a_one_second_schedule_adds_nothing_to_the_cancel_stream_and_a_faster_on
         "the schedule's replacement entry, and nothing per occurrence"
     );
     assert_eq!(stream_entries_for(&a.w, "fast").await, 0);
+    // In memory too: the replacement, and no entry per occurrence.
+    assert!(a.w.stats().snapshot().tombstones <= 1);
     let (ok, listed) = a.parked(&["list"]).await;
     assert!(ok, "{listed}");
     let parked = selected(&listed);
