@@ -8,7 +8,8 @@
 //! publish (the default exchange is `amq.default`) and on the queue of a binding, `read` on
 //! a queue consumed, fetched or purged and on the exchange of a binding. Passive declares
 //! (which `status` and the typed client use to check that a queue or exchange exists) need
-//! none.
+//! none on RabbitMQ before 4.3; from 4.3 they need some permission on the resource (read
+//! or write will do), so the operator holds write on the queues it only counts.
 //!
 //! The bridge's own names are granted by [`own_names`], for prefix `db`:
 //! `db\.(cancel|level\.([0-9]+(ms|[dhms]))+|parked|returns|work)`, which takes the level
@@ -120,12 +121,13 @@ pub fn grants(config: &Config) -> Vec<Grant> {
             purpose: "runs `status` and `parked` (list, replay into the work exchange, \
                       purge): reads the parked queue and the cancel stream only (never the \
                       work or returns queue or a level: messages in flight), writes the work \
-                      and parked exchanges",
+                      and parked exchanges, and holds write on the other queues so that \
+                      RabbitMQ 4.3 answers `status`'s passive declares",
             configure: NOTHING.into(),
-            write: any_of(vec![
-                exact(names.work_exchange()),
-                exact(names.parked_exchange()),
-            ]),
+            write: any_of(vec![format!(
+                "{}\\.(level\\.{LEVEL_DURATION}|parked|returns|work)",
+                escape(names.prefix())
+            )]),
             read: any_of(vec![
                 exact(names.parked_queue()),
                 exact(names.cancel_stream()),
@@ -199,7 +201,10 @@ mod tests {
         );
         assert_eq!(role(&grants, "canceller").write, r"^(db\.cancel)$");
         let operator = role(&grants, "operator");
-        assert_eq!(operator.write, r"^(db\.parked|db\.work)$");
+        assert_eq!(
+            operator.write,
+            r"^(db\.(level\.([0-9]+(ms|[dhms]))+|parked|returns|work))$"
+        );
         assert_eq!(operator.read, r"^(db\.cancel|db\.parked)$");
     }
 
@@ -267,7 +272,13 @@ mod tests {
             "canceller" => (vec![], vec![names.cancel_exchange()], vec![]),
             "operator" => (
                 vec![],
-                vec![names.work_exchange(), names.parked_exchange()],
+                // Everything but the cancel exchange: a passive declare needs some right
+                // on RabbitMQ 4.3, and write on a queue lets no one take its messages.
+                everything
+                    .iter()
+                    .filter(|name| **name != names.cancel_exchange())
+                    .cloned()
+                    .collect(),
                 vec![names.parked_queue(), names.cancel_stream()],
             ),
             other => panic!("a role the test does not know: {other}"),
