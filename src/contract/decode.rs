@@ -86,10 +86,19 @@ fn first_occurrence(
     let gave_due_time = header::DUE_TIME
         .iter()
         .any(|name| headers.inner().contains_key(*name));
-    recurrence
+    let first = recurrence
         .first(gave_due_time.then_some(deliver_at), now_ms)
-        .map(Some)
-        .ok_or_else(|| refused(RecurrenceError::NeverOccurs))
+        .ok_or_else(|| refused(RecurrenceError::NeverOccurs))?;
+    // The rule's first occurrence, like any due time, within the maximum delay (the gaps
+    // `check` looks at come after it: `* * * 1 *` in November is due in January).
+    let wait = Duration::from_millis(first.due_ms.saturating_sub(now_ms));
+    if beyond_max_delay(wait, intake.max_delay) {
+        return Err(refused(RecurrenceError::TooRare {
+            gap: wait,
+            max_delay: intake.max_delay,
+        }));
+    }
+    Ok(Some(first))
 }
 
 fn decode_in_flight(

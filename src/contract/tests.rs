@@ -627,6 +627,33 @@ fn a_published_at_ahead_of_the_bridges_clock_counts_as_now() {
 }
 
 #[test]
+fn a_schedules_first_occurrence_beyond_the_maximum_delay_is_refused() {
+    // Every minute of June, taken in mid-January: the gaps are a minute, the first is
+    // months away.
+    let routes = routes();
+    let intake = Intake {
+        work_exchange: WORK,
+        routes: &routes,
+        max_delay: Duration::from_secs(30 * 86_400),
+        smallest_level: Duration::from_secs(1),
+    };
+    let props =
+        with_headers(vec![("x-repeat-cron", ls("* * * 6 *"))]).with_message_id("june".into());
+    let parked = decode(
+        Incoming {
+            exchange: "in",
+            routing_key: &"rk.1".into(),
+            properties: &props,
+        },
+        NOW,
+        &intake,
+    )
+    .unwrap_err();
+    assert_eq!(parked.reason, ParkReason::BadSchedule, "{}", parked.detail);
+    assert!(parked.detail.contains("maximum delay"), "{}", parked.detail);
+}
+
+#[test]
 fn a_hop_count_at_its_largest_stays_there() {
     let mut env = decode_with("in", &BasicProperties::default()).unwrap();
     env.hops = u32::MAX;
