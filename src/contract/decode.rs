@@ -38,13 +38,15 @@ pub fn decode(
             )
         })?;
     let deliver_at = due_time(&headers, now_ms, intake.max_delay)?;
-    // A publish time ahead of the bridge's clock counts as now: a publisher whose copy
-    // entered later than any cancel could name would make it uncancellable.
+    // A publish time ahead of the bridge's clock counts as its now plus the clock
+    // allowance, as a cancel's time does: a publisher whose copy entered later than any
+    // cancel could name would make it uncancellable, and a client a little ahead (a
+    // reschedule is published a millisecond after its own cancel) must stay after it.
     let entered_at = match headers.inner().get(header::PUBLISHED_AT) {
         None => now_ms,
         Some(value) => parse_published_at(value)
             .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?
-            .min(now_ms),
+            .min(now_ms.saturating_add(crate::cancel::CLOCK_ALLOWANCE_MS)),
     };
     let first = first_occurrence(&headers, &raw, deliver_at, now_ms, intake)?;
     let (properties, stash) = split_publisher_properties(raw);

@@ -612,7 +612,7 @@ fn a_copy_entered_when_published_or_else_when_first_read() {
 }
 
 #[test]
-fn a_published_at_ahead_of_the_bridges_clock_counts_as_now() {
+fn a_published_at_ahead_of_the_bridges_clock_counts_as_now_plus_the_allowance() {
     // A year ahead: no cancel could reach the copy if it were taken as given.
     let ahead = NOW + 366 * 86_400_000;
     let env = decode_with(
@@ -623,7 +623,11 @@ fn a_published_at_ahead_of_the_bridges_clock_counts_as_now() {
         )]),
     )
     .unwrap();
-    assert_eq!(env.entered_at, NOW);
+    assert_eq!(
+        env.entered_at,
+        NOW + crate::cancel::CLOCK_ALLOWANCE_MS,
+        "at most the bridge's now plus the clock allowance"
+    );
 }
 
 #[test]

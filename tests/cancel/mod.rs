@@ -646,8 +646,8 @@ async fn a_canceller_clock_ahead_does_not_cancel_a_later_reschedule() {
         stats.snapshot().tombstones == 1
     })
     .await;
-    // A copy cannot have entered after the bridge read it: `x-published-at` counts at most
-    // as the bridge's now. So the reschedule comes once the clock allowance has passed.
+    // `x-published-at` counts at most as the bridge's now plus the allowance, as the
+    // cancel's time does. So the reschedule comes once the clock allowance has passed.
     let read_at = now_ms();
     tokio::time::sleep(Duration::from_millis(
         delay_bridge::cancel::CLOCK_ALLOWANCE_MS + 100,
