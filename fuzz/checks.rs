@@ -1078,6 +1078,37 @@ pub fn cancel(data: &[u8]) {
         let none = set.len() == 0;
         assert_eq!(set.is_empty(), none);
     }
+    // A checkpoint of the state, written and read back, decides as the state does (what
+    // has expired is not read back).
+    set.expire(now);
+    let mut records = set.records();
+    future.records(&mut records);
+    let bodies = cancel::checkpoint::parts(&records);
+    let read: Vec<_> = bodies
+        .iter()
+        .flat_map(|body| cancel::checkpoint::decode_part(body).expect("a part reads back"))
+        .collect();
+    assert_eq!(read, records);
+    let mut restored = TombstoneSet::new(keep_ms, grace_ms);
+    let mut restored_future = FutureCancels::new();
+    for record in read {
+        restored_future.restore(&record);
+        restored.restore(record, now);
+    }
+    assert_eq!(restored.len(), set.len());
+    assert_eq!(restored.successors_len(), set.successors_len());
+    assert_eq!(restored.next_expiry(), set.next_expiry());
+    assert_eq!(restored_future.held(), future.held());
+    for id in &ids {
+        assert_eq!(restored.names(id), set.names(id), "{id}");
+        for entered_at in [0, now / 2, now] {
+            assert_eq!(
+                restored.cancels_schedule(id, "out", entered_at),
+                set.cancels_schedule(id, "out", entered_at),
+                "{id} entered at {entered_at}"
+            );
+        }
+    }
 }
 
 /// A tombstone applied: a cancel of every copy is named by its id from then on (until it
@@ -1126,16 +1157,41 @@ fn stream_entry(entry: &StreamEntry, properties: &BasicProperties) {
             let id = cancel::message_id(&successors.message_id).expect("a read id is an id");
             (cancel::successors_properties(id, successors), entry.clone())
         }
-        StreamEntry::Sync { token, at } => {
+        StreamEntry::Sync {
+            token,
+            at,
+            checkpoint,
+        } => {
             assert_eq!(Some(token.as_str()), id);
             // A bridge writes the time always.
             let at = at.unwrap_or(0);
             (
-                cancel::sync_properties(ShortString::from(token.as_str()), at),
+                cancel::sync_properties(ShortString::from(token.as_str()), at, *checkpoint),
                 StreamEntry::Sync {
                     token: token.clone(),
                     at: Some(at),
+                    checkpoint: *checkpoint,
                 },
+            )
+        }
+        StreamEntry::CheckpointBegin { token } => {
+            assert_eq!(Some(token.as_str()), id);
+            (
+                cancel::checkpoint_begin_properties(ShortString::from(token.as_str())),
+                entry.clone(),
+            )
+        }
+        StreamEntry::CheckpointPart { token, part, parts } => {
+            assert_eq!(Some(token.as_str()), id);
+            assert!(part < parts);
+            (
+                cancel::checkpoint_part_properties(
+                    ShortString::from(token.as_str()),
+                    0,
+                    *part,
+                    *parts,
+                ),
+                entry.clone(),
             )
         }
         StreamEntry::Clamp {
@@ -1342,7 +1398,9 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 due_at: BASE_MS + 120_000,
             },
         ),
-        cancel::sync_properties("token".into(), BASE_MS),
+        cancel::sync_properties("token".into(), BASE_MS, Some(12)),
+        cancel::checkpoint_begin_properties("checkpoint".into()),
+        cancel::checkpoint_part_properties("checkpoint".into(), 12, 0, 2),
         cancel::clamp_properties(
             &Clamp {
                 offset: 3,

@@ -13,9 +13,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+pub mod checkpoint;
 mod future;
 mod successors;
 
+pub use checkpoint::{Checkpoints, Load, Loaded, Locate, Record};
 pub use future::{CLOCK_EVERY, Clamp, FutureCancels, Read};
 pub use successors::{
     LINE_RENEWED_EVERY, SuccessorSet, Successors, birth, born_at_ms, renewal_due,
@@ -46,6 +48,13 @@ pub mod header {
     pub const AT: &str = "delay-bridge-at";
     /// On a clamp: the stream offset of the tombstone it clamps.
     pub const OFFSET: &str = "delay-bridge-offset";
+    /// On a catch-up marker or clock entry (from 0.2): the offset of the begin entry of
+    /// the newest complete checkpoint its bridge knew; on a checkpoint part: its begin's.
+    pub const CHECKPOINT: &str = "delay-bridge-checkpoint";
+    /// On a checkpoint part: its number, from 0.
+    pub const PART: &str = "delay-bridge-part";
+    /// On a checkpoint part: how many parts the checkpoint has.
+    pub const PARTS: &str = "delay-bridge-parts";
 }
 
 /// How far ahead of the reading bridge's clock a tombstone's `cancelled_at` may be. A
@@ -66,6 +75,10 @@ pub const KIND_SYNC: &str = "sync";
 /// `delay-bridge-kind` of a clamp: when a tombstone dated ahead of the clock counts as made
 /// (see [`FutureCancels`]).
 pub const KIND_CLAMP: &str = "clamp";
+/// `delay-bridge-kind` of a checkpoint's begin entry (see [`checkpoint`]).
+pub const KIND_CHECKPOINT: &str = "checkpoint";
+/// `delay-bridge-kind` of a checkpoint's part (see [`checkpoint`]).
+pub const KIND_CHECKPOINT_PART: &str = "checkpoint-part";
 
 /// A cancellation: drop every copy of `message_id` within its [`Scope`] that entered at or
 /// before `cancelled_at`.
@@ -123,6 +136,23 @@ pub enum StreamEntry {
         token: String,
         /// When it was written, epoch ms.
         at: Option<u64>,
+        /// The begin offset of the newest complete checkpoint its bridge knew (none before
+        /// 0.2, or none written yet).
+        checkpoint: Option<u64>,
+    },
+    /// A checkpoint's begin entry.
+    CheckpointBegin {
+        /// The checkpoint's token (its `message_id`).
+        token: String,
+    },
+    /// A checkpoint's part (its records are in the body: [`checkpoint::decode_part`]).
+    CheckpointPart {
+        /// The checkpoint's token.
+        token: String,
+        /// Its number, from 0.
+        part: u32,
+        /// How many parts the checkpoint has.
+        parts: u32,
     },
     /// A clamp of the tombstone at `offset`: it counts as made at `cancelled_at`.
     Clamp {
@@ -239,17 +269,51 @@ pub fn successors_properties(message_id: ShortString, successors: &Successors) -
     entry_properties(message_id, headers)
 }
 
-/// The properties of a catch-up marker or clock entry with this token, written at `at_ms`
-/// (the body is empty).
-pub fn sync_properties(token: ShortString, at_ms: u64) -> BasicProperties {
+/// The properties of a catch-up marker or clock entry with this token, written at `at_ms`,
+/// naming the newest complete checkpoint its bridge knows (the body is empty).
+pub fn sync_properties(token: ShortString, at_ms: u64, checkpoint: Option<u64>) -> BasicProperties {
+    let mut headers = vec![
+        (
+            header::KIND,
+            AMQPValue::LongString(LongString::from(KIND_SYNC)),
+        ),
+        (header::AT, AMQPValue::LongLongInt(epoch_i64(at_ms))),
+    ];
+    if let Some(begin) = checkpoint {
+        headers.push((header::CHECKPOINT, AMQPValue::LongLongInt(epoch_i64(begin))));
+    }
+    entry_properties(token, headers)
+}
+
+/// The properties of a checkpoint's begin entry (the body is empty).
+pub fn checkpoint_begin_properties(token: ShortString) -> BasicProperties {
+    entry_properties(
+        token,
+        vec![(
+            header::KIND,
+            AMQPValue::LongString(LongString::from(KIND_CHECKPOINT)),
+        )],
+    )
+}
+
+/// The properties of part `part` of `parts` of the checkpoint `token` that begins at
+/// `begin` (the body holds its records).
+pub fn checkpoint_part_properties(
+    token: ShortString,
+    begin: u64,
+    part: u32,
+    parts: u32,
+) -> BasicProperties {
     entry_properties(
         token,
         vec![
             (
                 header::KIND,
-                AMQPValue::LongString(LongString::from(KIND_SYNC)),
+                AMQPValue::LongString(LongString::from(KIND_CHECKPOINT_PART)),
             ),
-            (header::AT, AMQPValue::LongLongInt(epoch_i64(at_ms))),
+            (header::CHECKPOINT, AMQPValue::LongLongInt(epoch_i64(begin))),
+            (header::PART, AMQPValue::LongLongInt(i64::from(part))),
+            (header::PARTS, AMQPValue::LongLongInt(i64::from(parts))),
         ],
     )
 }
@@ -308,7 +372,20 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
         (KIND_SYNC, Some(token)) => StreamEntry::Sync {
             token,
             at: epoch_ms(get(header::AT)),
+            checkpoint: epoch_ms(get(header::CHECKPOINT)),
         },
+        (KIND_CHECKPOINT, Some(token)) => StreamEntry::CheckpointBegin { token },
+        (KIND_CHECKPOINT_PART, Some(token)) => {
+            let number = |name: &str| epoch_ms(get(name)).and_then(|v| u32::try_from(v).ok());
+            match (number(header::PART), number(header::PARTS)) {
+                (Some(part), Some(parts)) if part < parts => {
+                    StreamEntry::CheckpointPart { token, part, parts }
+                }
+                _ => StreamEntry::Invalid(format!(
+                    "checkpoint part of `{token}` lacks an integer part number below its count"
+                )),
+            }
+        }
         (KIND_CLAMP, Some(message_id)) => match (
             epoch_ms(get(header::OFFSET)),
             epoch_ms(get(header::CANCELLED_AT)),
@@ -375,9 +452,11 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
                 scope,
             })
         }
-        (KIND_SYNC | KIND_CANCEL | KIND_REPLACED | KIND_SUCCESSORS | KIND_CLAMP, None) => {
-            StreamEntry::Invalid(format!("`{kind}` entry without a message_id"))
-        }
+        (
+            KIND_SYNC | KIND_CANCEL | KIND_REPLACED | KIND_SUCCESSORS | KIND_CLAMP
+            | KIND_CHECKPOINT | KIND_CHECKPOINT_PART,
+            None,
+        ) => StreamEntry::Invalid(format!("`{kind}` entry without a message_id")),
         (other, _) => StreamEntry::Invalid(format!("unknown entry kind `{other}`")),
     }
 }
@@ -622,6 +701,85 @@ impl TombstoneSet {
         self.successors.latest_birth(message_id, target, entered_at)
     }
 
+    /// The live state as checkpoint records: the cancels, the schedules' replacements and
+    /// the successor tombstones, each with when it leaves memory.
+    pub fn records(&self) -> Vec<Record> {
+        let mut records = Vec::with_capacity(self.len() + self.successors.len());
+        records.extend(self.live.iter().map(|(id, live)| Record::Cancel {
+            id: id.clone(),
+            c: live.cancelled_at,
+            e: live.expires_at,
+        }));
+        records.extend(
+            self.replaced
+                .iter()
+                .map(|((target, id), live)| Record::Replaced {
+                    id: id.clone(),
+                    t: target.clone(),
+                    c: live.cancelled_at,
+                    e: live.expires_at,
+                }),
+        );
+        self.successors.records(&mut records);
+        records
+    }
+
+    /// Restores one record of a checkpoint at `now_ms`, as it was written (what has expired
+    /// by then is left out). Records that are not the set's are ignored.
+    pub fn restore(&mut self, record: Record, now_ms: u64) {
+        let (id, target, cancelled_at, expires_at) = match record {
+            Record::Cancel { id, c, e } => (id, None, c, e),
+            Record::Replaced { id, t, c, e } => (id, Some(t), c, e),
+            Record::Successors { id, t, n, a, b, e } => {
+                self.successors.restore(
+                    Successors {
+                        message_id: id,
+                        target: t,
+                        entered_at: n,
+                        after_occurrence: a,
+                        born_before: b,
+                        due_at: e,
+                    },
+                    e,
+                    now_ms,
+                );
+                return;
+            }
+            Record::Held { .. } | Record::StreamClock { .. } => return,
+        };
+        if expires_at <= now_ms {
+            return;
+        }
+        let live = match &target {
+            None => self.live.get_mut(&id),
+            Some(target) => self.replaced.get_mut(&(target.clone(), id.clone())),
+        };
+        match live {
+            Some(live) => {
+                live.cancelled_at = live.cancelled_at.max(cancelled_at);
+                if expires_at > live.expires_at {
+                    self.by_expiry
+                        .remove(&(live.expires_at, id.clone(), target.clone()));
+                    live.expires_at = expires_at;
+                    self.by_expiry.insert((expires_at, id, target));
+                }
+            }
+            None => {
+                self.by_expiry
+                    .insert((expires_at, id.clone(), target.clone()));
+                let live = Live {
+                    cancelled_at,
+                    expires_at,
+                    dropped: 0,
+                };
+                match target {
+                    None => self.live.insert(id, live),
+                    Some(target) => self.replaced.insert((target, id), live),
+                };
+            }
+        }
+    }
+
     /// How many successor tombstones are live.
     pub fn successors_len(&self) -> usize {
         self.successors.len()
@@ -812,14 +970,31 @@ mod tests {
             read_entry(&with_due),
             StreamEntry::Cancel(due("o", 1_000, 9_000))
         );
-        let sync = sync_properties("tok".into(), 5_000);
+        let sync = sync_properties("tok".into(), 5_000, Some(77));
         assert_eq!(
             read_entry(&sync),
             StreamEntry::Sync {
                 token: "tok".into(),
-                at: Some(5_000)
+                at: Some(5_000),
+                checkpoint: Some(77),
             }
         );
+        assert_eq!(
+            read_entry(&checkpoint_begin_properties("cp".into())),
+            StreamEntry::CheckpointBegin { token: "cp".into() }
+        );
+        assert_eq!(
+            read_entry(&checkpoint_part_properties("cp".into(), 77, 1, 3)),
+            StreamEntry::CheckpointPart {
+                token: "cp".into(),
+                part: 1,
+                parts: 3
+            }
+        );
+        assert!(matches!(
+            read_entry(&checkpoint_part_properties("cp".into(), 77, 3, 3)),
+            StreamEntry::Invalid(_)
+        ));
         let clamp = Clamp {
             offset: 42,
             message_id: "o".into(),
@@ -850,6 +1025,53 @@ mod tests {
             message_id(&"x".repeat(256)),
             Err(MessageIdError::TooLong(256))
         );
+    }
+
+    #[test]
+    fn a_set_restored_from_its_records_decides_as_the_set_did() {
+        let mut set = TombstoneSet::new(100_000, 1_000);
+        set.insert(t("a", 1_000), 1_000);
+        set.insert(due("b", 2_000, 3_000), 2_000);
+        set.insert(
+            Tombstone {
+                scope: Scope::Schedules {
+                    target: "orders".into(),
+                },
+                ..t("d", 1_500)
+            },
+            2_000,
+        );
+        set.insert_successors(
+            Successors {
+                message_id: "d".into(),
+                target: Some("orders".into()),
+                entered_at: 10,
+                after_occurrence: 3,
+                born_before: 99,
+                due_at: 50_000,
+            },
+            2_000,
+        );
+        let mut restored = TombstoneSet::new(100_000, 1_000);
+        for record in set.records() {
+            restored.restore(record, 2_500);
+        }
+        assert_eq!(restored.len(), 3);
+        assert_eq!(restored.successors_len(), 1);
+        assert_eq!(restored.next_expiry(), set.next_expiry());
+        assert!(restored.cancels("a", 1_000) && !restored.cancels("a", 1_001));
+        assert!(restored.cancels("b", 2_000));
+        assert!(restored.cancels_occurrence("d", "orders", 1_400, 1, 500));
+        assert!(
+            restored.cancels_occurrence("d", "orders", 10, 4, 98),
+            "the successor drops"
+        );
+        assert!(!restored.cancels_occurrence("d", "orders", 1_600, 4, 98));
+        let mut later = TombstoneSet::new(100_000, 1_000);
+        for record in set.records() {
+            later.restore(record, 4_000);
+        }
+        assert!(!later.names("b"), "expired by the time it was read");
     }
 
     proptest! {

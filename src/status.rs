@@ -154,6 +154,8 @@ pub struct StreamEntries {
     pub markers: u64,
     /// Clamps of tombstones dated ahead of the clock (see [`crate::cancel::FutureCancels`]).
     pub clamps: u64,
+    /// Checkpoint entries (begins and parts; see [`crate::cancel::checkpoint`]).
+    pub checkpoint_entries: u64,
     /// Entries that are neither (skipped by the bridges).
     pub invalid: u64,
     /// Entries the AMQP client cannot read (a short string that is not UTF-8; skipped by the
@@ -322,6 +324,9 @@ fn count_entry(entries: &mut StreamEntries, entry: StreamEntry) {
         StreamEntry::Cancel(_) => entries.tombstones += 1,
         StreamEntry::Successors(_) => entries.successors += 1,
         StreamEntry::Sync { .. } => entries.markers += 1,
+        StreamEntry::CheckpointBegin { .. } | StreamEntry::CheckpointPart { .. } => {
+            entries.checkpoint_entries += 1
+        }
         StreamEntry::Clamp { .. } => entries.clamps += 1,
         StreamEntry::Invalid(_) => entries.invalid += 1,
     }

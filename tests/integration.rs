@@ -8,6 +8,7 @@ mod connections;
 mod delivery;
 mod faults;
 mod flow;
+mod history;
 mod hostile;
 mod interop;
 mod logs;

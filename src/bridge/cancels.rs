@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::ShortString;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::checkpoints::{self, ACK_EVERY, Start};
 use super::{BridgeError, Shared};
 use crate::amqp::disposition::Disposition;
 use crate::amqp::publisher::Publisher;
@@ -35,10 +36,6 @@ use crate::cancel::{
 };
 use crate::clock::now_ms;
 
-/// Stream consumers need a prefetch; acks only return credit.
-const STREAM_PREFETCH: u16 = 1000;
-/// Ack (multiple) after this many entries.
-const ACK_EVERY: u64 = 100;
 /// Expire at least this often, so the gauge stays current.
 const SWEEP_AT_MOST: Duration = Duration::from_secs(30);
 
@@ -52,41 +49,25 @@ pub(super) async fn follow(
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), BridgeError>>, BridgeError> {
     let stream = shared.config.names.cancel_stream();
-    let channel = connection
-        .open_channel()
-        .await
-        .map_err(BridgeError::wire("opening the cancel-stream channel"))?;
-    channel
-        .qos(STREAM_PREFETCH)
-        .await
-        .map_err(BridgeError::wire("setting the cancel-stream prefetch"))?;
     let resume = *shared.stream_next_offset.lock().expect("offset lock");
-    let offset = match resume {
-        Some(next) => AMQPValue::LongLongInt(next as i64),
-        None => AMQPValue::LongString(LongString::from("first")),
-    };
-    let mut args = FieldTable::default();
-    args.insert("x-stream-offset".into(), offset);
-    let consumer = channel
-        .consume(
-            &stream,
-            &format!("delay-bridge-cancels-{}", std::process::id()),
-            args,
-        )
-        .await
-        .map_err(BridgeError::wire("consuming the cancel stream"))?;
-
     shared
         .future_cancels
         .lock()
         .expect("future cancels lock")
         .catching_up();
+    let started = tokio::time::Instant::now();
     let token = format!("{:032x}", rand::random::<u128>());
+    let newest = shared
+        .checkpoints
+        .lock()
+        .expect("checkpoints lock")
+        .newest();
     let marker = append(
         &shared,
         publish,
         &stream,
-        sync_properties(ShortString::from(token.as_str()), now_ms()),
+        sync_properties(ShortString::from(token.as_str()), now_ms(), newest),
+        Vec::new(),
     )
     .await;
     let refused = match marker {
@@ -108,12 +89,42 @@ pub(super) async fn follow(
         )));
     }
 
+    // Where to read from: after a lost session, where it stopped; at boot, the newest
+    // complete checkpoint, else the stream's start.
+    let (mut start, located) = match resume {
+        Some(next) => (Start::At(next), 0),
+        None => match checkpoints::locate(&shared, connection, &stream).await? {
+            (Some(begin), read) => (Start::At(begin), read),
+            (None, read) => (Start::First, read),
+        },
+    };
+    let loading = resume.is_none() && matches!(start, Start::At(_));
+    let (channel, mut consumer, backlog) = loop {
+        let (channel, mut consumer) = checkpoints::attach_at(connection, &stream, start).await?;
+        let Start::At(begin) = start else {
+            break (channel, consumer, Vec::new());
+        };
+        if !loading {
+            break (channel, consumer, Vec::new());
+        }
+        match checkpoints::load(&shared, &channel, &mut consumer, begin, &token).await? {
+            Ok(kept) => break (channel, consumer, kept),
+            Err(why) => {
+                tracing::warn!("{why}: reading the cancel stream from its start");
+                let _ = channel.close().await;
+                start = Start::First;
+                continue;
+            }
+        }
+    };
+    let _ = &mut consumer;
+
     let (caught_up_tx, caught_up) = oneshot::channel();
-    let started = tokio::time::Instant::now();
     let handle = tokio::spawn(run(
         shared.clone(),
         channel,
         consumer,
+        backlog,
         publish.clone(),
         token,
         caught_up_tx,
@@ -121,9 +132,12 @@ pub(super) async fn follow(
     ));
     match caught_up.await {
         Ok(read) => {
+            let read = read + located;
+            shared.stats.catch_up_entries.store(read, Ordering::Relaxed);
             tracing::info!(
                 stream = %stream,
                 entries = read,
+                from = ?start,
                 live_tombstones = shared.stats.tombstones.load(Ordering::Relaxed),
                 took_ms = started.elapsed().as_millis() as u64,
                 "cancel stream read up to date"
@@ -134,16 +148,18 @@ pub(super) async fn follow(
         Err(_) => match handle.await {
             Ok(Err(e)) => Err(e),
             _ => Err(BridgeError::ConsumerEnded(
-                "the cancel-stream follower stopped before catching up".into(),
+                "the broker cancelled the cancel-stream follower before it caught up".into(),
             )),
         },
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     shared: Arc<Shared>,
     channel: Channel,
     mut consumer: Consumer,
+    backlog: Vec<Delivery>,
     publish: Publisher,
     token: String,
     caught_up: oneshot::Sender<u64>,
@@ -151,6 +167,7 @@ async fn run(
 ) -> Result<(), BridgeError> {
     let mut caught_up = Some(caught_up);
     let mut read = 0u64;
+    let mut backlog = backlog.into_iter();
     let mut unacked = None;
     let mut next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
     loop {
@@ -164,6 +181,15 @@ async fn run(
             .unwrap_or(SWEEP_AT_MOST)
             .min(SWEEP_AT_MOST);
         tokio::select! {
+            biased;
+            next = async { Ok::<_, wire::WireError>(backlog.next()) }, if backlog.len() > 0 => {
+                let Ok(Some(delivery)) = next else { continue };
+                read += 1;
+                if let Some(tx) = take_entry(&shared, &publish, &delivery, &token, &mut caught_up) {
+                    let _ = tx.send(read);
+                }
+                unacked = Some(delivery.delivery_tag);
+            }
             next = consumer.next() => {
                 let delivery = match next {
                     Ok(Some(d)) => d,
@@ -171,22 +197,8 @@ async fn run(
                     Ok(None) => return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into())),
                 };
                 read += 1;
-                let (marker, mut clamps) = read_one(&shared, &delivery, &token);
-                if marker && let Some(tx) = caught_up.take() {
-                    let (apply_now, held) = shared
-                        .future_cancels
-                        .lock()
-                        .expect("future cancels lock")
-                        .caught_up(now_ms());
-                    for tombstone in apply_now {
-                        insert(&shared, tombstone);
-                    }
-                    clamps.extend(held);
+                if let Some(tx) = take_entry(&shared, &publish, &delivery, &token, &mut caught_up) {
                     let _ = tx.send(read);
-                }
-                // Appended beside the read, which goes on meanwhile.
-                for clamp in clamps {
-                    tokio::spawn(append_clamp(shared.clone(), publish.clone(), clamp));
                 }
                 unacked = Some(delivery.delivery_tag);
                 if read.is_multiple_of(ACK_EVERY) || caught_up.is_none() {
@@ -207,10 +219,60 @@ async fn run(
     }
 }
 
+/// Takes one delivery: applies it, appends the clamps it calls for, and once caught up,
+/// begins a checkpoint when one is due. Returns the catch-up signal to send when it was
+/// this follower's own marker.
+fn take_entry(
+    shared: &Arc<Shared>,
+    publish: &Publisher,
+    delivery: &Delivery,
+    token: &str,
+    caught_up: &mut Option<oneshot::Sender<u64>>,
+) -> Option<oneshot::Sender<u64>> {
+    let (marker, mut clamps) = read_one(shared, publish, delivery, token);
+    let mut signal = None;
+    if marker && let Some(tx) = caught_up.take() {
+        let (apply_now, held) = shared
+            .future_cancels
+            .lock()
+            .expect("future cancels lock")
+            .caught_up(now_ms());
+        for tombstone in apply_now {
+            insert(shared, tombstone);
+        }
+        clamps.extend(held);
+        signal = Some(tx);
+    }
+    // Appended beside the read, which goes on meanwhile.
+    for clamp in clamps {
+        tokio::spawn(append_clamp(shared.clone(), publish.clone(), clamp));
+    }
+    if caught_up.is_none() {
+        if let Some(next) = *shared.stream_next_offset.lock().expect("offset lock") {
+            checkpoints::maybe_begin(shared, publish, next.saturating_sub(1));
+        }
+        let name = shared
+            .checkpoints
+            .lock()
+            .expect("checkpoints lock")
+            .to_name();
+        if name.is_some() {
+            let (shared, publish) = (shared.clone(), publish.clone());
+            tokio::spawn(async move { append_clock(&shared, &publish).await });
+        }
+    }
+    signal
+}
+
 /// Applies one delivery from the stream and moves the resume offset past it: whether it is
 /// this follower's own catch-up marker, and the clamp entries to append for what it held.
 /// An entry the codec cannot read is skipped.
-fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Clamp>) {
+fn read_one(
+    shared: &Arc<Shared>,
+    publish: &Publisher,
+    delivery: &Delivery,
+    token: &str,
+) -> (bool, Vec<Clamp>) {
     let (offset, read) = match &delivery.unreadable {
         None => {
             let offset = stream_offset(&delivery.properties);
@@ -218,7 +280,7 @@ fn read_one(shared: &Shared, delivery: &Delivery, token: &str) -> (bool, Vec<Cla
             let bridges = delivery.properties.user_id().as_ref().map(|u| u.as_str())
                 == Some(shared.bridge_user.as_str());
             let from = Written { offset, bridges };
-            (offset, apply(shared, entry, from, token))
+            (offset, apply(shared, publish, entry, from, token))
         }
         Some(raw) => {
             let offset = raw_stream_offset(&raw.properties);
@@ -239,7 +301,7 @@ async fn append_clamp(shared: Arc<Shared>, publish: Publisher, clamp: Clamp) {
     let stream = shared.config.names.cancel_stream();
     let appended = match clamp_properties(&clamp, now_ms()) {
         Ok(properties) => matches!(
-            append(&shared, &publish, &stream, properties).await,
+            append(&shared, &publish, &stream, properties, Vec::new()).await,
             Disposition::Routed
         ),
         Err(_) => false,
@@ -267,9 +329,14 @@ async fn append_clamp(shared: Arc<Shared>, publish: Publisher, clamp: Clamp) {
 async fn append_clock(shared: &Shared, publish: &Publisher) {
     let stream = shared.config.names.cancel_stream();
     let token = format!("clock-{:032x}", rand::random::<u128>());
-    let properties = sync_properties(ShortString::from(token.as_str()), now_ms());
+    let newest = shared
+        .checkpoints
+        .lock()
+        .expect("checkpoints lock")
+        .newest();
+    let properties = sync_properties(ShortString::from(token.as_str()), now_ms(), newest);
     if !matches!(
-        append(shared, publish, &stream, properties).await,
+        append(shared, publish, &stream, properties, Vec::new()).await,
         Disposition::Routed
     ) {
         tracing::warn!("the cancel stream did not take a clock entry");
@@ -278,18 +345,19 @@ async fn append_clock(shared: &Shared, publish: &Publisher) {
 
 /// Appends an entry with `properties` (and no body) to `stream`, confirmed, as the
 /// bridge's own (`user_id`, which the broker checks: see [`Written::bridges`]).
-async fn append(
+pub(super) async fn append(
     shared: &Shared,
     publish: &Publisher,
     stream: &str,
     properties: lapin::BasicProperties,
+    body: Vec<u8>,
 ) -> Disposition {
     let properties = properties.with_user_id(ShortString::from(shared.bridge_user.as_str()));
     publish
         .publish(
             ShortString::from(""),
             ShortString::from(stream),
-            b"",
+            &body,
             properties,
         )
         .await
@@ -317,7 +385,13 @@ fn skip_unreadable(offset: Option<u64>) {
 
 /// Applies one entry read at `offset`: whether it is this follower's own catch-up marker,
 /// and the clamp entries to append (for a tombstone dated ahead, read live).
-fn apply(shared: &Shared, entry: StreamEntry, from: Written, token: &str) -> (bool, Vec<Clamp>) {
+fn apply(
+    shared: &Arc<Shared>,
+    publish: &Publisher,
+    entry: StreamEntry,
+    from: Written,
+    token: &str,
+) -> (bool, Vec<Clamp>) {
     let future = || shared.future_cancels.lock().expect("future cancels lock");
     match entry {
         StreamEntry::Cancel(tombstone) if tombstone.scope != Scope::Every && !from.bridges => {
@@ -353,7 +427,36 @@ fn apply(shared: &Shared, entry: StreamEntry, from: Written, token: &str) -> (bo
             }
             (false, Vec::new())
         }
-        StreamEntry::Sync { token: seen, at } => {
+        StreamEntry::CheckpointBegin { .. } | StreamEntry::CheckpointPart { .. }
+            if !from.bridges =>
+        {
+            tracing::warn!("skipping a checkpoint entry a bridge did not write");
+            (false, Vec::new())
+        }
+        StreamEntry::CheckpointBegin { token: begun } => {
+            if let Some(offset) = from.offset {
+                checkpoints::begun(shared, publish, &begun, offset);
+            }
+            (false, Vec::new())
+        }
+        StreamEntry::CheckpointPart {
+            token: of,
+            part,
+            parts,
+        } => {
+            let completed = shared
+                .checkpoints
+                .lock()
+                .expect("checkpoints lock")
+                .part(&of, part, parts);
+            if let Some(begin) = completed {
+                tracing::debug!(begin, "cancel-stream checkpoint complete");
+            }
+            (false, Vec::new())
+        }
+        StreamEntry::Sync {
+            token: seen, at, ..
+        } => {
             if let Some(at) = at
                 && from.bridges
             {

@@ -5,6 +5,7 @@ pub(crate) mod acks;
 mod budget;
 mod cancels;
 mod carrier;
+mod checkpoints;
 mod depths;
 mod error;
 mod inlet;
@@ -51,6 +52,12 @@ struct Shared {
     /// The cancels dated ahead of the clock the follower holds until their clamp is read
     /// (kept across sessions, like the offset it resumes from).
     future_cancels: Mutex<crate::cancel::FutureCancels>,
+    /// What the follower knows of the cancel stream's checkpoints (kept across sessions).
+    checkpoints: Mutex<crate::cancel::Checkpoints>,
+    /// How much longer than the least this bridge lets the stream grow past the newest
+    /// checkpoint before it writes one (0 to 0.25, drawn once: bridges on one prefix seldom
+    /// write at the same moment).
+    checkpoint_slack: f64,
     /// How often this process saw each unsettled message redelivered (classic queues keep
     /// no count).
     redeliveries: Mutex<redeliveries::RedeliveryCounts>,
@@ -96,6 +103,8 @@ impl Bridge {
                 tombstones: Mutex::new(tombstones),
                 stream_next_offset: Mutex::new(None),
                 future_cancels: Mutex::default(),
+                checkpoints: Mutex::default(),
+                checkpoint_slack: rand::random::<f64>() * 0.25,
                 redeliveries: Mutex::new(redeliveries::RedeliveryCounts::default()),
             }),
             ready_tx: watch::channel(false).0,

@@ -104,6 +104,12 @@ counters! {
     cancelled: counter "delay_bridge_cancelled_total",
     /// Live tombstones in memory now.
     tombstones: gauge "delay_bridge_tombstones",
+    /// Cancel-stream entries read before the bridge was last ready: the stretch read to find
+    /// the newest checkpoint, the checkpoint, and the entries after it (all of them when the
+    /// stream has no checkpoint).
+    catch_up_entries: gauge "delay_bridge_cancel_catch_up_entries",
+    /// Checkpoints of the cancel state this bridge wrote to the cancel stream.
+    checkpoints: counter "delay_bridge_checkpoints_total",
     /// Times the consumer was paused because unacked bodies went over
     /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
     pauses: counter "delay_bridge_consumer_pauses_total",

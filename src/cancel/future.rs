@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{CLOCK_ALLOWANCE_MS, Tombstone};
+use super::{CLOCK_ALLOWANCE_MS, Record, Scope, Tombstone};
 
 /// How often a bridge that follows the stream appends a clock entry (a catch-up marker
 /// with its time), bounding what a later catch-up holds.
@@ -124,6 +124,47 @@ impl FutureCancels {
             }
         });
         (apply, clamps)
+    }
+
+    /// What a checkpoint keeps of this: the stream's clock and the tombstones held.
+    pub fn records(&self, records: &mut Vec<Record>) {
+        records.push(Record::StreamClock {
+            at: self.stream_clock,
+        });
+        records.extend(self.held.iter().map(|(offset, tombstone)| Record::Held {
+            o: *offset,
+            id: tombstone.message_id.clone(),
+            c: tombstone.cancelled_at,
+            d: tombstone.due_at,
+            t: match &tombstone.scope {
+                Scope::Every => None,
+                Scope::Schedules { target } => Some(target.clone()),
+            },
+        }));
+    }
+
+    /// Restores one record of a checkpoint; others are not this reader's.
+    pub fn restore(&mut self, record: &Record) {
+        match record {
+            Record::StreamClock { at } => self.bridge_time(*at),
+            Record::Held { o, id, c, d, t } => {
+                self.held.insert(
+                    *o,
+                    Tombstone {
+                        message_id: id.clone(),
+                        cancelled_at: *c,
+                        due_at: *d,
+                        scope: match t {
+                            None => Scope::Every,
+                            Some(target) => Scope::Schedules {
+                                target: target.clone(),
+                            },
+                        },
+                    },
+                );
+            }
+            _ => {}
+        }
     }
 
     /// How many tombstones are held.

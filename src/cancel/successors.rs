@@ -122,6 +122,26 @@ impl SuccessorSet {
         true
     }
 
+    /// Appends the live ones to `records`, each with when it leaves memory.
+    pub fn records(&self, records: &mut Vec<super::Record>) {
+        for ((id, entered_at), lives) in &self.live {
+            records.extend(lives.iter().map(|live| super::Record::Successors {
+                id: id.clone(),
+                t: live.target.clone(),
+                n: *entered_at,
+                a: live.after_occurrence,
+                b: live.born_before,
+                e: live.expires_at,
+            }));
+        }
+    }
+
+    /// Restores one read from a checkpoint, leaving memory at `expires_at`; false when that
+    /// has passed at `now_ms`.
+    pub fn restore(&mut self, tombstone: Successors, expires_at: u64, now_ms: u64) -> bool {
+        self.insert(tombstone, 0, expires_at.saturating_sub(now_ms), now_ms)
+    }
+
     /// The latest birth a successor tombstone of the schedule `(message_id, entered_at)`
     /// bound for `target` names: a copy born again must be born after it, or its own
     /// line's tombstone would drop it.

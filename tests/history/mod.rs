@@ -1,0 +1,237 @@
+//! A long history on the cancel stream: a starting bridge reads the newest checkpoint and
+//! what follows it, not every entry ever written; a checkpoint a crash left incomplete is
+//! passed over; what the state holds is the same either way.
+
+use std::time::Duration;
+
+use delay_bridge::cancel::{
+    checkpoint, checkpoint_begin_properties, checkpoint_part_properties, message_id,
+    sync_properties, tombstone_properties,
+};
+use delay_bridge::clock::now_ms;
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, ShortString};
+
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// Appends `entries` to the world's cancel stream (empty bodies unless given), confirmed,
+/// many in flight at once.
+async fn append(w: &World, entries: Vec<(BasicProperties, Vec<u8>)>) {
+    let stream = w.config.names.cancel_stream();
+    for batch in entries.chunks(2_000) {
+        let mut confirms = Vec::with_capacity(batch.len());
+        for (properties, body) in batch {
+            confirms.push(
+                w.publisher
+                    .basic_publish(
+                        "".into(),
+                        stream.as_str().into(),
+                        BasicPublishOptions::default(),
+                        body,
+                        properties.clone(),
+                    )
+                    .await
+                    .expect("published"),
+            );
+        }
+        for confirm in futures::future::join_all(confirms).await {
+            assert!(confirm.expect("confirmed").is_ack(), "the stream took it");
+        }
+    }
+}
+
+/// A year-like stretch of `count` cancels in miniature: all but `live` were due long ago
+/// (they leave memory as they are read); `live` name no due time and stay.
+fn history(now: u64, count: usize, live: usize) -> Vec<(BasicProperties, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let id = message_id(&format!("history-{i}")).unwrap();
+            let properties = if i < live {
+                tombstone_properties(id, now - 60_000, None)
+            } else {
+                tombstone_properties(id, now - 30 * 86_400_000, Some(now - 29 * 86_400_000))
+            };
+            (properties, Vec::new())
+        })
+        .collect()
+}
+
+/// As a bridge writes it: its user, which the broker checks.
+fn as_bridge(properties: BasicProperties) -> BasicProperties {
+    properties.with_user_id(ShortString::from("guest"))
+}
+
+#[tokio::test]
+async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
+    let mut w = World::without_bridge("history-checkpoint").await;
+    let history_at = now_ms();
+    append(&w, history(history_at, 30_000, 300)).await;
+    // The first bridge reads it all, then writes a checkpoint (the stream holds more than
+    // `MIN_ENTRIES_BETWEEN` entries and none).
+    w.start_bridge().await;
+    let first = w.stats();
+    assert!(first.snapshot().catch_up_entries >= 30_000);
+    assert_eq!(first.snapshot().tombstones, 300);
+    wait_until("a checkpoint is written", 20 * SEC, || {
+        first.snapshot().checkpoints == 1
+    })
+    .await;
+    let cancelled_at = now_ms();
+    w.client()
+        .await
+        .cancel("after-the-checkpoint")
+        .await
+        .unwrap();
+    w.stop_bridge().await;
+
+    w.start_bridge().await;
+    let second = w.stats().snapshot();
+    assert!(
+        second.catch_up_entries < 3_000,
+        "read {} entries, not the newest checkpoint and what follows",
+        second.catch_up_entries
+    );
+    assert_eq!(second.tombstones, 301, "the same live cancels");
+    // A copy of a cancelled id that entered before its cancel is dropped, from the
+    // checkpoint and from after it.
+    for (id, entered_at) in [
+        ("history-7", history_at - 120_000),
+        ("after-the-checkpoint", cancelled_at - 1_000),
+    ] {
+        let mut properties = with_delay(300).with_message_id(id.into());
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-published-at".into(),
+            AMQPValue::LongLongInt(entered_at as i64),
+        );
+        properties = properties.with_headers(headers);
+        w.publish("rk.cancelled", id.as_bytes(), properties).await;
+    }
+    w.publish(
+        "rk.sentinel",
+        b"sentinel",
+        with_delay(500).with_message_id("sentinel".into()),
+    )
+    .await;
+    let arrived = w.recv_within(10 * SEC).await;
+    assert_eq!(
+        arrived.body, b"sentinel",
+        "the cancelled copies never arrive"
+    );
+    assert_eq!(w.stats().snapshot().cancelled, 2);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
+    let mut w = World::without_bridge("history-crash").await;
+    append(&w, history(now_ms(), 14_000, 50)).await;
+    w.start_bridge().await;
+    let first = w.stats();
+    wait_until("a checkpoint is written", 20 * SEC, || {
+        first.snapshot().checkpoints == 1
+    })
+    .await;
+    w.stop_bridge().await;
+    // A writer that crashed after its begin entry and one of three parts, naming a cancel
+    // that was never made; then a cancel made after it.
+    let ghost = checkpoint::encode_part(&[checkpoint::Record::Cancel {
+        id: "ghost".into(),
+        c: now_ms(),
+        e: now_ms() + 86_400_000,
+    }]);
+    append(
+        &w,
+        vec![
+            (
+                as_bridge(checkpoint_begin_properties("crashed".into())),
+                Vec::new(),
+            ),
+            (
+                as_bridge(checkpoint_part_properties("crashed".into(), 0, 0, 3)),
+                ghost,
+            ),
+            (
+                tombstone_properties(message_id("made-after").unwrap(), now_ms(), None),
+                Vec::new(),
+            ),
+        ],
+    )
+    .await;
+    w.start_bridge().await;
+    let second = w.stats().snapshot();
+    assert!(
+        second.catch_up_entries < 3_000,
+        "from the complete checkpoint"
+    );
+    assert_eq!(
+        second.tombstones, 51,
+        "the history's and the later cancel, no ghost"
+    );
+    w.stop_bridge().await;
+
+    // A pointer to the incomplete checkpoint (no bridge writes one; here by hand): the
+    // bridge finds it cannot be loaded and reads the stream from its start.
+    let crashed = offset_of(&w, "crashed").await;
+    append(
+        &w,
+        vec![(
+            as_bridge(sync_properties("pointer".into(), now_ms(), Some(crashed))),
+            Vec::new(),
+        )],
+    )
+    .await;
+    w.start_bridge().await;
+    let third = w.stats().snapshot();
+    assert!(third.catch_up_entries > 14_000, "read from the start");
+    assert_eq!(third.tombstones, 51);
+    w.cleanup().await;
+}
+
+/// The stream offset of the entry whose `message_id` is `id`.
+async fn offset_of(w: &World, id: &str) -> u64 {
+    use futures::StreamExt;
+    let channel = w.sandbox.channel().await.unwrap();
+    channel
+        .basic_qos(1000, lapin::options::BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            w.config.names.cancel_stream().as_str().into(),
+            "offset-of".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            headers(vec![("x-stream-offset", text("first"))]),
+        )
+        .await
+        .unwrap();
+    let offset = tokio::time::timeout(20 * SEC, async {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            delivery
+                .ack(lapin::options::BasicAckOptions::default())
+                .await
+                .unwrap();
+            if delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str())
+                == Some(id)
+            {
+                let headers = delivery.properties.headers().clone().unwrap();
+                return match headers.inner().get("x-stream-offset") {
+                    Some(AMQPValue::LongLongInt(o)) => *o as u64,
+                    other => panic!("no offset: {other:?}"),
+                };
+            }
+        }
+        panic!("the stream ended");
+    })
+    .await
+    .expect("found within 20 s");
+    let _ = channel.close(200, "found".into()).await;
+    offset
+}
