@@ -19,6 +19,7 @@ mod cancel_horizon;
 mod capacity;
 mod cost;
 mod faults;
+mod history;
 mod hop;
 mod intake;
 mod load;
@@ -119,6 +120,10 @@ pub enum Scenario {
     /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
     /// stream of `--count` tombstones, beside a start on an empty stream.
     Tombstones(tombstones::Args),
+    /// A year of cancel-stream history (10M entries of a year-like mix by default): a
+    /// bridge's time to ready and RSS on its first start (the whole stream) and on restarts
+    /// (from the newest checkpoint), beside a start on an empty stream.
+    History(history::Args),
     /// Fault: the broker closes the bridge's connection every few seconds under load.
     ConnectionCuts(faults::connection_cuts::Args),
     /// Fault: two bridge processes, one SIGKILLed and restarted every few seconds.
@@ -150,6 +155,7 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::PluginMove(args) => plugin_move::run(base, args).await,
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
+        Scenario::History(args) => history::run(base, args).await,
         Scenario::ConnectionCuts(args) => faults::connection_cuts::run(base, args).await,
         Scenario::BridgeChaos(args) => faults::bridge_chaos::run(base, args).await,
         Scenario::NodeLoss(args) => faults::broker_loss::run(base, args, "node-loss").await,

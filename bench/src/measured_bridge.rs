@@ -48,6 +48,12 @@ impl MeasuredBridge {
     /// work queue, which it does only once its topology is declared and the cancel stream
     /// is read up to date.
     pub async fn start(sandbox: &Sandbox) -> Result<Self> {
+        Self::start_executable(sandbox, None).await
+    }
+
+    /// As [`MeasuredBridge::start`], with `executable` instead of the one built beside this
+    /// one (an earlier release, for a before/after comparison).
+    pub async fn start_executable(sandbox: &Sandbox, executable: Option<&PathBuf>) -> Result<Self> {
         let listen = free_loopback_port()?;
         let mut config = sandbox.config.clone();
         config.metrics = Some(MetricsConfig {
@@ -61,7 +67,11 @@ impl MeasuredBridge {
             ),
             stderr: None,
         };
-        let mut process = BridgeProcess::spawn(&bridge_executable()?, &config, &log)?;
+        let executable = match executable {
+            Some(path) => path.clone(),
+            None => bridge_executable()?,
+        };
+        let mut process = BridgeProcess::spawn(&executable, &config, &log)?;
         let deadline = tokio::time::Instant::now() + READY_WITHIN;
         let work_queue = sandbox.config.names.work_queue();
         while sandbox.counts(&work_queue).await?.consumers == 0 {
