@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use lapin::Connection;
 use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
-use crate::amqp::wire::WireError;
+use crate::amqp::cancel_stream::{self, Start};
+use crate::amqp::wire::{Delivery, WireError};
 use crate::amqp::{self, QueueCounts, queue_counts, reply_code};
-use crate::cancel::{StreamEntry, read_entry};
+use crate::cancel::{Record, StreamEntry, checkpoint, read_entry};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
 use crate::management::{Management, ManagementError, QueueFigures};
@@ -140,9 +140,56 @@ pub struct Status {
     pub cancel_entries: StreamEntries,
 }
 
-/// The cancel stream's entries by kind, read from its start.
+/// What the newest complete checkpoint of the cancel stream holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CheckpointFigures {
+    /// The stream offset of its begin entry.
+    pub offset: u64,
+    /// Live cancels in it.
+    pub cancels: u64,
+    /// Live replacements of recurring schedules in it.
+    pub replacements: u64,
+    /// Live successor tombstones in it.
+    pub successors: u64,
+    /// Cancels dated ahead in it, held until their clamp.
+    pub held: u64,
+    /// Parts that could not be read.
+    pub unreadable_parts: u64,
+}
+
+impl CheckpointFigures {
+    fn at(offset: u64) -> Self {
+        Self {
+            offset,
+            ..Self::default()
+        }
+    }
+
+    /// Counts the records of one part's body.
+    fn count(&mut self, body: &[u8]) {
+        let Ok(records) = checkpoint::decode_part(body) else {
+            self.unreadable_parts += 1;
+            return;
+        };
+        for record in records {
+            match record {
+                Record::Cancel { .. } => self.cancels += 1,
+                Record::Replaced { .. } => self.replacements += 1,
+                Record::Successors { .. } => self.successors += 1,
+                Record::Held { .. } => self.held += 1,
+                Record::StreamClock { .. } => {}
+            }
+        }
+    }
+}
+
+/// The cancel stream's entries by kind, read from its newest complete checkpoint (else
+/// from its start) up to its end.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StreamEntries {
+    /// The checkpoint the read began at (none: the stream has none, and was read from its
+    /// first entry); the counts below are of the entries read after its begin.
+    pub checkpoint: Option<CheckpointFigures>,
     /// Cancels (tombstones) the stream still holds; the bridges forget each one after
     /// `max_delay + cancel.grace`, or `cancel.grace` after the due time it names.
     pub tombstones: u64,
@@ -230,7 +277,7 @@ pub async fn read(
         .await
         .map_err(StatusError::Connect)?;
     let read_both = async {
-        let cancel_entries = count_stream(&reading, &names.cancel_stream())
+        let cancel_entries = count_stream(&reading, &names.cancel_stream(), &config.url().user())
             .await
             .map_err(|source| StatusError::Stream {
                 stream: names.cancel_stream(),
@@ -269,40 +316,61 @@ pub async fn read(
     })
 }
 
-/// Reads the cancel stream on `connection` from its first entry up to its end as it was
-/// when the read began ([`stream_end`]), at most [`STREAM_READ_MOST`] entries, and sorts
-/// them by kind: however fast entries are appended meanwhile, the read ends. Reading a
-/// stream takes nothing from it. The project's own connection hands over an entry its codec
-/// cannot read as bytes: counted as unreadable.
+/// Reads the cancel stream on `connection` up to its end as it was when the read began
+/// ([`stream_end`]): from the newest complete checkpoint a bridge (`bridge_user`) wrote,
+/// found by reading back from that end, else from the first entry; at most
+/// [`STREAM_READ_MOST`] entries after it, sorted by kind. However fast entries are appended
+/// meanwhile, the read ends. Reading a stream takes nothing from it. The project's own
+/// connection hands over an entry its codec cannot read as bytes: counted as unreadable.
 async fn count_stream(
     connection: &amqp::wire::Connection,
     stream: &str,
+    bridge_user: &str,
 ) -> Result<StreamEntries, WireError> {
-    const WINDOW: u16 = 1000;
     let Some(end) = stream_end(connection, stream).await? else {
         return Ok(StreamEntries {
             complete: true,
             ..StreamEntries::default()
         });
     };
-    let channel = connection.open_channel().await?;
-    channel.qos(WINDOW).await?;
-    let mut consumer = channel.consume(stream, "", from_offset("first")).await?;
+    let trusted =
+        |d: &Delivery| d.properties.user_id().as_ref().map(|u| u.as_str()) == Some(bridge_user);
+    let (found, _) = cancel_stream::locate(connection, stream, end, trusted).await?;
+    let start = found.map_or(Start::First, Start::At);
+    let (channel, mut consumer) = cancel_stream::attach(connection, stream, start, "").await?;
     let mut entries = StreamEntries::default();
+    let mut checkpoint = found.map(|offset| (CheckpointFigures::at(offset), None::<String>));
     let mut read = 0u64;
     while let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await {
         let Some(delivery) = next? else { break };
-        let offset = match &delivery.unreadable {
-            None => {
-                count_entry(&mut entries, read_entry(&delivery.properties));
-                stream_offset(&delivery.properties)
-            }
-            Some(raw) => {
-                entries.unreadable += 1;
-                raw_stream_offset(&raw.properties)
-            }
-        };
+        let offset = cancel_stream::offset_of(&delivery);
         read += 1;
+        match &delivery.unreadable {
+            None => {
+                let entry = read_entry(&delivery.properties);
+                // The checkpoint's own begin and parts give its figures.
+                let own = match (&mut checkpoint, &entry) {
+                    (Some((figures, token @ None)), StreamEntry::CheckpointBegin { token: t })
+                        if offset == Some(figures.offset) && trusted(&delivery) =>
+                    {
+                        *token = Some(t.clone());
+                        true
+                    }
+                    (
+                        Some((figures, Some(token))),
+                        StreamEntry::CheckpointPart { token: t, .. },
+                    ) if t == token && trusted(&delivery) => {
+                        figures.count(&delivery.data);
+                        true
+                    }
+                    _ => false,
+                };
+                if !own {
+                    count_entry(&mut entries, entry);
+                }
+            }
+            Some(_) => entries.unreadable += 1,
+        }
         if offset.is_some_and(|offset| offset >= end) {
             entries.complete = true;
             break;
@@ -310,11 +378,12 @@ async fn count_stream(
         if read == STREAM_READ_MOST {
             break;
         }
-        if read.is_multiple_of(u64::from(WINDOW) / 2) {
+        if read.is_multiple_of(cancel_stream::ACK_EVERY) {
             channel.ack([(delivery.delivery_tag, true)])?;
         }
     }
     let _ = channel.close().await;
+    entries.checkpoint = checkpoint.map(|(figures, _)| figures);
     Ok(entries)
 }
 
@@ -340,31 +409,16 @@ async fn stream_end(
     connection: &amqp::wire::Connection,
     stream: &str,
 ) -> Result<Option<u64>, WireError> {
-    let channel = connection.open_channel().await?;
-    channel.qos(1000).await?;
-    let mut consumer = channel.consume(stream, "", from_offset("last")).await?;
+    let (channel, mut consumer) =
+        cancel_stream::attach(connection, stream, Start::Last, "").await?;
     let mut end = None;
     let deadline = tokio::time::Instant::now() + STREAM_END_WITHIN;
     while let Ok(next) = tokio::time::timeout_at(deadline, consumer.next()).await {
         let Some(delivery) = next? else { break };
-        let offset = match &delivery.unreadable {
-            None => stream_offset(&delivery.properties),
-            Some(raw) => raw_stream_offset(&raw.properties),
-        };
-        end = end.max(offset);
+        end = end.max(cancel_stream::offset_of(&delivery));
     }
     let _ = channel.close().await;
     Ok(end)
-}
-
-/// Consumer arguments that attach to a stream at `offset` (`first`, `last`).
-fn from_offset(offset: &str) -> FieldTable {
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-stream-offset".into(),
-        AMQPValue::LongString(offset.into()),
-    );
-    arguments
 }
 
 /// Why reading the parked queue (which hands every message back) could lose messages: a

@@ -7,6 +7,7 @@
 //! sandbox).
 
 pub mod broker_version;
+pub(crate) mod cancel_stream;
 mod depth;
 pub(crate) mod disposition;
 pub(crate) mod publisher;

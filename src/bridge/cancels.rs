@@ -91,7 +91,7 @@ pub(super) async fn follow(
 
     // Where to read from: after a lost session, where it stopped; at boot, the newest
     // complete checkpoint, else the stream's start.
-    let (mut start, located) = match resume {
+    let (mut start, mut located) = match resume {
         Some(next) => (Start::At(next), 0),
         None => match checkpoints::locate(&shared, connection, &stream).await? {
             (Some(begin), read) => (Start::At(begin), read),
@@ -108,7 +108,10 @@ pub(super) async fn follow(
             break (channel, consumer, Vec::new());
         }
         match checkpoints::load(&shared, &channel, &mut consumer, begin, &token).await? {
-            Ok(kept) => break (channel, consumer, kept),
+            Ok((kept, read)) => {
+                located += read;
+                break (channel, consumer, kept);
+            }
             Err(why) => {
                 tracing::warn!("{why}: reading the cancel stream from its start");
                 let _ = channel.close().await;

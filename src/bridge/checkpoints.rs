@@ -7,73 +7,31 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::ShortString;
 
 use super::{BridgeError, Shared};
+use crate::amqp::cancel_stream;
+pub(super) use crate::amqp::cancel_stream::{ACK_EVERY, Start};
 use crate::amqp::disposition::Disposition;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::stream_offset;
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
-use crate::cancel::checkpoint::{self, LOOK_BACK};
+use crate::cancel::checkpoint;
 use crate::cancel::{
-    Load, Loaded, Locate, StreamEntry, checkpoint_begin_properties, checkpoint_part_properties,
-    read_entry,
+    Load, Loaded, StreamEntry, checkpoint_begin_properties, checkpoint_part_properties, read_entry,
 };
 use crate::clock::now_ms;
 
-/// Stream consumers need a prefetch; acks only return credit.
-pub(super) const STREAM_PREFETCH: u16 = 1000;
-/// Ack (multiple) after this many entries.
-pub(super) const ACK_EVERY: u64 = 100;
-
-/// Where a follower attaches to the stream.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Start {
-    /// The stream's first entry.
-    First,
-    /// The entry at this offset.
-    At(u64),
-}
-
-impl Start {
-    fn argument(self) -> AMQPValue {
-        match self {
-            Start::First => AMQPValue::LongString(LongString::from("first")),
-            Start::At(offset) => AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
-        }
-    }
-}
-
-/// Opens a channel and attaches a consumer to `stream` at `offset` (an `x-stream-offset`).
-pub(super) async fn attach(
-    connection: &wire::Connection,
-    stream: &str,
-    offset: AMQPValue,
-    tag: &str,
-) -> Result<(Channel, Consumer), wire::WireError> {
-    let channel = connection.open_channel().await?;
-    channel.qos(STREAM_PREFETCH).await?;
-    let mut args = FieldTable::default();
-    args.insert("x-stream-offset".into(), offset);
-    match channel.consume(stream, tag, args).await {
-        Ok(consumer) => Ok((channel, consumer)),
-        Err(e) => {
-            let _ = channel.close().await;
-            Err(e)
-        }
-    }
-}
-
-/// Attaches at `start`.
+/// Attaches the follower at `start`.
 pub(super) async fn attach_at(
     connection: &wire::Connection,
     stream: &str,
     start: Start,
 ) -> Result<(Channel, Consumer), BridgeError> {
-    attach(
+    cancel_stream::attach(
         connection,
         stream,
-        start.argument(),
+        start,
         &format!("delay-bridge-cancels-{}", std::process::id()),
     )
     .await
@@ -85,84 +43,31 @@ pub(super) fn by_bridge(shared: &Shared, delivery: &Delivery) -> bool {
     delivery.properties.user_id().as_ref().map(|u| u.as_str()) == Some(shared.bridge_user.as_str())
 }
 
-/// Finds the begin offset of the newest complete checkpoint, reading back from the
-/// stream's end ([`LOOK_BACK`] entries in turn) for bridges' pointers and checkpoints
-/// completed within: `None` when none names one (a young stream, or one no bridge from 0.2
-/// wrote to). Also how many entries it read.
+/// Finds the begin offset of the newest complete checkpoint (see
+/// [`cancel_stream::locate`]), reading back from the stream's end, which this follower's
+/// catch-up marker makes non-empty. Also how many entries it read.
 pub(super) async fn locate(
     shared: &Shared,
     connection: &wire::Connection,
     stream: &str,
 ) -> Result<(Option<u64>, u64), BridgeError> {
-    let mut read = 0u64;
-    let Some(end) = end_offset(connection, stream).await? else {
-        return Ok((None, read));
-    };
-    for back in LOOK_BACK {
-        let from = end.saturating_sub(back);
-        let (channel, mut consumer) = attach_at(connection, stream, Start::At(from)).await?;
-        let mut locate = Locate::new();
-        loop {
-            let delivery = next(&mut consumer).await?;
-            read += 1;
-            let offset = stream_offset(&delivery.properties);
-            locate.read(offset);
-            if read.is_multiple_of(ACK_EVERY) {
-                channel
-                    .ack([(delivery.delivery_tag, true)])
-                    .map_err(BridgeError::wire("acknowledging cancel-stream entries"))?;
-            }
-            if delivery.unreadable.is_none() && by_bridge(shared, &delivery) {
-                match read_entry(&delivery.properties) {
-                    StreamEntry::Sync {
-                        checkpoint: Some(begin),
-                        ..
-                    } => locate.pointer(begin),
-                    StreamEntry::CheckpointBegin { token } => {
-                        if let Some(offset) = offset {
-                            locate.begun(&token, offset);
-                        }
-                    }
-                    StreamEntry::CheckpointPart { token, part, parts } => {
-                        locate.part(&token, part, parts)
-                    }
-                    _ => {}
-                }
-            }
-            if offset.is_none_or(|offset| offset >= end) {
-                break;
-            }
-        }
-        let _ = channel.close().await;
-        if locate.found().is_some() || from == 0 {
-            return Ok((locate.found(), read));
-        }
-    }
-    Ok((None, read))
-}
-
-/// The offset of an entry in the stream's last chunk (`None`: the broker sent none, or
-/// without an offset): a consumer attached at `last` is sent that chunk first.
-async fn end_offset(
-    connection: &wire::Connection,
-    stream: &str,
-) -> Result<Option<u64>, BridgeError> {
-    let (channel, mut consumer) = attach(
-        connection,
-        stream,
-        AMQPValue::LongString(LongString::from("last")),
-        "",
-    )
-    .await
-    .map_err(BridgeError::wire("consuming the cancel stream"))?;
-    let delivery = next(&mut consumer).await?;
+    let (channel, mut consumer) = cancel_stream::attach(connection, stream, Start::Last, "")
+        .await
+        .map_err(BridgeError::wire("consuming the cancel stream"))?;
+    let last = next(&mut consumer).await?;
     let _ = channel.close().await;
-    Ok(stream_offset(&delivery.properties))
+    let Some(end) = cancel_stream::offset_of(&last) else {
+        return Ok((None, 1));
+    };
+    let (found, read) = cancel_stream::locate(connection, stream, end, |d| by_bridge(shared, d))
+        .await
+        .map_err(BridgeError::wire("reading the cancel stream"))?;
+    Ok((found, read + 1))
 }
 
 /// The consumer's next delivery.
 async fn next(consumer: &mut Consumer) -> Result<Delivery, BridgeError> {
-    match consumer.next().await {
+    match cancel_stream::next(consumer).await {
         Ok(Some(delivery)) => Ok(delivery),
         Ok(None) => Err(BridgeError::ConsumerEnded(
             "the broker cancelled the cancel-stream consumer".into(),
@@ -173,14 +78,15 @@ async fn next(consumer: &mut Consumer) -> Result<Delivery, BridgeError> {
 
 /// Loads the checkpoint that begins at the consumer's first entry (`begin`) into the
 /// shared state: the deliveries read meanwhile that are not its parts, to apply next in
-/// order, or why it cannot be loaded (the caller then reads the stream from its start).
+/// order, and how many it read; or why it cannot be loaded (the caller then reads the
+/// stream from its start).
 pub(super) async fn load(
     shared: &Shared,
     channel: &Channel,
     consumer: &mut Consumer,
     begin: u64,
     token: &str,
-) -> Result<Result<Vec<Delivery>, String>, BridgeError> {
+) -> Result<Result<(Vec<Delivery>, u64), String>, BridgeError> {
     let mut load = Load::<Delivery>::new(begin);
     let mut read = 0u64;
     loop {
@@ -242,7 +148,8 @@ pub(super) async fn load(
                 *shared.checkpoints.lock().expect("checkpoints lock") =
                     checkpoint::Checkpoints::starting_from(Some(begin));
                 tracing::info!(begin, records = restored, "cancel-stream checkpoint loaded");
-                return Ok(Ok(kept));
+                let kept_count = kept.len() as u64;
+                return Ok(Ok((kept, read - kept_count)));
             }
         }
     }

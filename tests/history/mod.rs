@@ -95,6 +95,17 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
         second.catch_up_entries
     );
     assert_eq!(second.tombstones, 301, "the same live cancels");
+    // `status` reads from the checkpoint too: its figures, and the few entries after it.
+    let (ok, out) = run_command(&w.config_file(4000), &["status", "--json"]).await;
+    assert!(ok, "status: {out}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let entries = &json["cancel_entries"];
+    assert_eq!(entries["checkpoint"]["cancels"], 300, "{entries}");
+    assert!(
+        entries["tombstones"].as_u64().unwrap() < 10,
+        "only what follows the checkpoint: {entries}"
+    );
+    assert_eq!(entries["complete"], true, "{entries}");
     // A copy of a cancelled id that entered before its cancel is dropped, from the
     // checkpoint and from after it.
     for (id, entered_at) in [

@@ -76,8 +76,31 @@ fn table(status: &Status, all_levels: bool) -> String {
         if all_levels { "" } else { ", not shown" }
     ));
     let entries = &status.cancel_entries;
+    let from = match &entries.checkpoint {
+        Some(c) => format!(
+            "checkpoint at offset {} ({} live cancels{}{}{}), then ",
+            c.offset,
+            c.cancels,
+            if c.replacements > 0 {
+                format!(", {} schedule replacements", c.replacements)
+            } else {
+                String::new()
+            },
+            if c.successors > 0 {
+                format!(", {} successor tombstones", c.successors)
+            } else {
+                String::new()
+            },
+            if c.held > 0 {
+                format!(", {} cancels dated ahead", c.held)
+            } else {
+                String::new()
+            },
+        ),
+        None => String::new(),
+    };
     out.push_str(&format!(
-        "cancel stream: {} tombstones, {} catch-up markers{}{}{}{}{}\n",
+        "cancel stream: {from}{} tombstones, {} catch-up markers{}{}{}{}{}{}\n",
         entries.tombstones,
         entries.markers,
         if entries.successors > 0 {
@@ -90,6 +113,11 @@ fn table(status: &Status, all_levels: bool) -> String {
         },
         if entries.clamps > 0 {
             format!(", {} clamps of cancels dated ahead", entries.clamps)
+        } else {
+            String::new()
+        },
+        if entries.checkpoint_entries > 0 {
+            format!(", {} checkpoint entries", entries.checkpoint_entries)
         } else {
             String::new()
         },

@@ -1,0 +1,122 @@
+//! Reading the cancel stream from a place: attaching at an offset, finding where it ends,
+//! and locating the newest complete checkpoint by reading back from the end (the decisions
+//! are [`crate::cancel::checkpoint`]'s). Shared by the bridge's follower and `status`.
+
+use lapin::types::{AMQPValue, FieldTable, LongString};
+
+use super::stream_offset::stream_offset;
+use super::wire::{self, Channel, Consumer, Delivery, WireError};
+use crate::cancel::checkpoint::LOOK_BACK;
+use crate::cancel::{Locate, StreamEntry, read_entry};
+
+/// Stream consumers need a prefetch; acks only return credit.
+pub(crate) const STREAM_PREFETCH: u16 = 1000;
+/// Ack (multiple) after this many entries.
+pub(crate) const ACK_EVERY: u64 = 100;
+
+/// Where a reader attaches to the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The stream's first entry.
+    First,
+    /// The stream's last chunk.
+    Last,
+    /// The entry at this offset.
+    At(u64),
+}
+
+impl Start {
+    fn argument(self) -> AMQPValue {
+        match self {
+            Start::First => AMQPValue::LongString(LongString::from("first")),
+            Start::Last => AMQPValue::LongString(LongString::from("last")),
+            Start::At(offset) => AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+/// Opens a channel and attaches a consumer tagged `tag` (one made up when empty) to
+/// `stream` at `start`.
+pub(crate) async fn attach(
+    connection: &wire::Connection,
+    stream: &str,
+    start: Start,
+    tag: &str,
+) -> Result<(Channel, Consumer), WireError> {
+    let channel = connection.open_channel().await?;
+    channel.qos(STREAM_PREFETCH).await?;
+    let mut args = FieldTable::default();
+    args.insert("x-stream-offset".into(), start.argument());
+    match channel.consume(stream, tag, args).await {
+        Ok(consumer) => Ok((channel, consumer)),
+        Err(e) => {
+            let _ = channel.close().await;
+            Err(e)
+        }
+    }
+}
+
+/// The consumer's next delivery (`None`: the broker cancelled the consumer).
+pub(crate) async fn next(consumer: &mut Consumer) -> Result<Option<Delivery>, WireError> {
+    consumer.next().await
+}
+
+/// The offset of a delivery, readable or not.
+pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
+    match &delivery.unreadable {
+        None => stream_offset(&delivery.properties),
+        Some(raw) => super::stream_offset::raw_stream_offset(&raw.properties),
+    }
+}
+
+/// Finds the begin offset of the newest complete checkpoint at or before `end`, reading
+/// back from it ([`LOOK_BACK`] entries in turn) for the pointers in trusted markers and
+/// clock entries, and checkpoints begun and completed within: `None` when none is named (a
+/// young stream, or one no bridge from 0.2 wrote to). `trusted` says whether a bridge wrote
+/// a delivery. Also how many entries it read.
+pub(crate) async fn locate(
+    connection: &wire::Connection,
+    stream: &str,
+    end: u64,
+    trusted: impl Fn(&Delivery) -> bool,
+) -> Result<(Option<u64>, u64), WireError> {
+    let mut read = 0u64;
+    for back in LOOK_BACK {
+        let from = end.saturating_sub(back);
+        let (channel, mut consumer) = attach(connection, stream, Start::At(from), "").await?;
+        let mut locate = Locate::new();
+        while let Some(delivery) = next(&mut consumer).await? {
+            read += 1;
+            let offset = offset_of(&delivery);
+            locate.read(offset);
+            if read.is_multiple_of(ACK_EVERY) {
+                channel.ack([(delivery.delivery_tag, true)])?;
+            }
+            if delivery.unreadable.is_none() && trusted(&delivery) {
+                match read_entry(&delivery.properties) {
+                    StreamEntry::Sync {
+                        checkpoint: Some(begin),
+                        ..
+                    } => locate.pointer(begin),
+                    StreamEntry::CheckpointBegin { token } => {
+                        if let Some(offset) = offset {
+                            locate.begun(&token, offset);
+                        }
+                    }
+                    StreamEntry::CheckpointPart { token, part, parts } => {
+                        locate.part(&token, part, parts)
+                    }
+                    _ => {}
+                }
+            }
+            if offset.is_none_or(|offset| offset >= end) {
+                break;
+            }
+        }
+        let _ = channel.close().await;
+        if locate.found().is_some() || from == 0 {
+            return Ok((locate.found(), read));
+        }
+    }
+    Ok((None, read))
+}
