@@ -60,7 +60,7 @@ fn entry(seq: u64, args: &Args, now: u64) -> Outgoing {
     let dated = now - YEAR_MS + YEAR_MS * seq / args.entries.max(1);
     let id = ShortString::from(format!("history-{seq:010}"));
     let live_due_from = args.entries.saturating_sub(args.live / 2);
-    let properties = if seq % 190 == 0 {
+    let properties = if seq.is_multiple_of(190) {
         sync_properties(id, dated, None).with_user_id(ShortString::from("guest"))
     } else if seq >= live_due_from {
         tombstone_properties(id, dated, Some(now + DAY_MS))

@@ -354,21 +354,12 @@ impl<E> Load<E> {
 pub struct Locate {
     seen: Checkpoints,
     newest: Option<u64>,
-    /// The first offset read.
-    pub first_offset: Option<u64>,
 }
 
 impl Locate {
     /// A reader at the start of the stretch.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// An offset read (any entry).
-    pub fn read(&mut self, offset: Option<u64>) {
-        if self.first_offset.is_none() {
-            self.first_offset = offset;
-        }
     }
 
     /// A bridge's marker or clock entry naming the checkpoint at `begin`.
@@ -549,12 +540,10 @@ mod tests {
     #[test]
     fn locating_takes_the_newest_pointer_or_checkpoint_completed_in_the_stretch() {
         let mut locate = Locate::new();
-        locate.read(Some(500));
         locate.pointer(100);
         locate.begun("tok", 600);
         locate.part("tok", 0, 1);
         locate.pointer(300);
         assert_eq!(locate.found(), Some(600));
-        assert_eq!(locate.first_offset, Some(500));
     }
 }
