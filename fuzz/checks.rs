@@ -1174,11 +1174,16 @@ fn stream_entry(entry: &StreamEntry, properties: &BasicProperties) {
                 },
             )
         }
-        StreamEntry::CheckpointBegin { token } => {
+        StreamEntry::CheckpointBegin { token, at } => {
             assert_eq!(Some(token.as_str()), id);
+            // A bridge writes the time always.
+            let at = at.unwrap_or(0);
             (
-                cancel::checkpoint_begin_properties(ShortString::from(token.as_str())),
-                entry.clone(),
+                cancel::checkpoint_begin_properties(ShortString::from(token.as_str()), at),
+                StreamEntry::CheckpointBegin {
+                    token: token.clone(),
+                    at: Some(at),
+                },
             )
         }
         StreamEntry::CheckpointPart { token, part, parts } => {
@@ -1399,7 +1404,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             },
         ),
         cancel::sync_properties("token".into(), BASE_MS, Some(12)),
-        cancel::checkpoint_begin_properties("checkpoint".into()),
+        cancel::checkpoint_begin_properties("checkpoint".into(), BASE_MS),
         cancel::checkpoint_part_properties("checkpoint".into(), 12, 0, 2),
         cancel::clamp_properties(
             &Clamp {

@@ -144,6 +144,8 @@ pub enum StreamEntry {
     CheckpointBegin {
         /// The checkpoint's token (its `message_id`).
         token: String,
+        /// When it was begun, epoch ms.
+        at: Option<u64>,
     },
     /// A checkpoint's part (its records are in the body: [`checkpoint::decode_part`]).
     CheckpointPart {
@@ -285,14 +287,17 @@ pub fn sync_properties(token: ShortString, at_ms: u64, checkpoint: Option<u64>) 
     entry_properties(token, headers)
 }
 
-/// The properties of a checkpoint's begin entry (the body is empty).
-pub fn checkpoint_begin_properties(token: ShortString) -> BasicProperties {
+/// The properties of a checkpoint's begin entry, begun at `at_ms` (the body is empty).
+pub fn checkpoint_begin_properties(token: ShortString, at_ms: u64) -> BasicProperties {
     entry_properties(
         token,
-        vec![(
-            header::KIND,
-            AMQPValue::LongString(LongString::from(KIND_CHECKPOINT)),
-        )],
+        vec![
+            (
+                header::KIND,
+                AMQPValue::LongString(LongString::from(KIND_CHECKPOINT)),
+            ),
+            (header::AT, AMQPValue::LongLongInt(epoch_i64(at_ms))),
+        ],
     )
 }
 
@@ -374,7 +379,10 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
             at: epoch_ms(get(header::AT)),
             checkpoint: epoch_ms(get(header::CHECKPOINT)),
         },
-        (KIND_CHECKPOINT, Some(token)) => StreamEntry::CheckpointBegin { token },
+        (KIND_CHECKPOINT, Some(token)) => StreamEntry::CheckpointBegin {
+            token,
+            at: epoch_ms(get(header::AT)),
+        },
         (KIND_CHECKPOINT_PART, Some(token)) => {
             let number = |name: &str| epoch_ms(get(name)).and_then(|v| u32::try_from(v).ok());
             match (number(header::PART), number(header::PARTS)) {
@@ -980,8 +988,11 @@ mod tests {
             }
         );
         assert_eq!(
-            read_entry(&checkpoint_begin_properties("cp".into())),
-            StreamEntry::CheckpointBegin { token: "cp".into() }
+            read_entry(&checkpoint_begin_properties("cp".into(), 9)),
+            StreamEntry::CheckpointBegin {
+                token: "cp".into(),
+                at: Some(9)
+            }
         );
         assert_eq!(
             read_entry(&checkpoint_part_properties("cp".into(), 77, 1, 3)),

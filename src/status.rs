@@ -350,9 +350,10 @@ async fn count_stream(
                 let entry = read_entry(&delivery.properties);
                 // The checkpoint's own begin and parts give its figures.
                 let own = match (&mut checkpoint, &entry) {
-                    (Some((figures, token @ None)), StreamEntry::CheckpointBegin { token: t })
-                        if offset == Some(figures.offset) && trusted(&delivery) =>
-                    {
+                    (
+                        Some((figures, token @ None)),
+                        StreamEntry::CheckpointBegin { token: t, .. },
+                    ) if offset == Some(figures.offset) && trusted(&delivery) => {
                         *token = Some(t.clone());
                         true
                     }

@@ -102,7 +102,7 @@ pub(crate) async fn locate(
                         checkpoint: Some(begin),
                         ..
                     } => locate.pointer(begin),
-                    StreamEntry::CheckpointBegin { token } => {
+                    StreamEntry::CheckpointBegin { token, .. } => {
                         if let Some(offset) = offset {
                             locate.begun(&token, offset);
                         }

@@ -102,6 +102,11 @@ pub(super) async fn follow(
     let (channel, mut consumer, backlog) = loop {
         let (channel, mut consumer) = checkpoints::attach_at(connection, &stream, start).await?;
         let Start::At(begin) = start else {
+            if resume.is_none() {
+                // No checkpoint: the age of the newest counts from now.
+                *shared.checkpoints.lock().expect("checkpoints lock") =
+                    crate::cancel::Checkpoints::starting_from(None, now_ms());
+            }
             break (channel, consumer, Vec::new());
         };
         if !loading {
@@ -436,9 +441,9 @@ fn apply(
             tracing::warn!("skipping a checkpoint entry a bridge did not write");
             (false, Vec::new())
         }
-        StreamEntry::CheckpointBegin { token: begun } => {
+        StreamEntry::CheckpointBegin { token: begun, at } => {
             if let Some(offset) = from.offset {
-                checkpoints::begun(shared, publish, &begun, offset);
+                checkpoints::begun(shared, publish, &begun, offset, at);
             }
             (false, Vec::new())
         }

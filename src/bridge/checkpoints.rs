@@ -89,6 +89,7 @@ pub(super) async fn load(
 ) -> Result<Result<(Vec<Delivery>, u64), String>, BridgeError> {
     let mut load = Load::<Delivery>::new(begin);
     let mut read = 0u64;
+    let mut begun_at = None;
     loop {
         let delivery = next(consumer).await?;
         read += 1;
@@ -103,7 +104,10 @@ pub(super) async fn load(
         };
         if !load.started() {
             let begun = match &entry {
-                StreamEntry::CheckpointBegin { token } => Some(token.as_str()),
+                StreamEntry::CheckpointBegin { token, at } => {
+                    begun_at = *at;
+                    Some(token.as_str())
+                }
                 _ => None,
             };
             match load.first(stream_offset(&delivery.properties), begun) {
@@ -146,7 +150,7 @@ pub(super) async fn load(
                         .store(set.len() as u64, Ordering::Relaxed);
                 }
                 *shared.checkpoints.lock().expect("checkpoints lock") =
-                    checkpoint::Checkpoints::starting_from(Some(begin));
+                    checkpoint::Checkpoints::starting_from(Some(begin), begun_at.unwrap_or(now));
                 tracing::info!(begin, records = restored, "cancel-stream checkpoint loaded");
                 let kept_count = kept.len() as u64;
                 return Ok(Ok((kept, read - kept_count)));
@@ -186,7 +190,7 @@ pub(super) fn maybe_begin(shared: &Arc<Shared>, publish: &Publisher, offset: u64
             &shared,
             &publish,
             &stream,
-            checkpoint_begin_properties(ShortString::from(token.as_str())),
+            checkpoint_begin_properties(ShortString::from(token.as_str()), now),
             Vec::new(),
         )
         .await;
@@ -203,10 +207,16 @@ pub(super) fn maybe_begin(shared: &Arc<Shared>, publish: &Publisher, offset: u64
 
 /// The follower read the begin entry `token` at `begin`: when it is this bridge's, takes
 /// the state as every entry before it left it, and writes the parts.
-pub(super) fn begun(shared: &Arc<Shared>, publish: &Publisher, token: &str, begin: u64) {
+pub(super) fn begun(
+    shared: &Arc<Shared>,
+    publish: &Publisher,
+    token: &str,
+    begin: u64,
+    at_ms: Option<u64>,
+) {
     let mine = {
         let mut checkpoints = shared.checkpoints.lock().expect("checkpoints lock");
-        checkpoints.begun(token, begin, now_ms());
+        checkpoints.begun(token, begin, at_ms, now_ms());
         checkpoints.is_mine(token)
     };
     if !mine {

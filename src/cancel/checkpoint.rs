@@ -37,6 +37,11 @@ pub const MIN_ENTRIES_BETWEEN: u64 = 10_000;
 /// and a target are at most 255 bytes each).
 pub const RECORDS_PER_PART: usize = 2_000;
 
+/// The longest a bridge lets the newest checkpoint age before it writes another, however
+/// few entries follow it: a retention by age (see docs/operations.md) then never removes the
+/// newest checkpoint while a bridge runs.
+pub const AT_LEAST_EVERY_MS: u64 = 86_400_000;
+
 /// How long a begun checkpoint may stay incomplete before a bridge takes its writer for
 /// lost and writes its own.
 pub const WRITE_WITHIN_MS: u64 = 60_000;
@@ -129,6 +134,8 @@ struct Begun {
     begin: u64,
     parts_seen: BTreeSet<u32>,
     seen_at_ms: u64,
+    /// When its writer began it (its begin entry's time).
+    begun_at_ms: u64,
 }
 
 /// What a follower knows of the checkpoints in the stream: the newest complete one, the
@@ -139,6 +146,9 @@ pub struct Checkpoints {
     begun: BTreeMap<String, Begun>,
     /// The begin offset of the newest complete checkpoint.
     newest: Option<u64>,
+    /// When the newest complete checkpoint was begun (or, with none, when this follower
+    /// started), epoch ms.
+    newest_at_ms: u64,
     /// The token of the checkpoint this follower is writing, while it writes it.
     writing: Option<(String, u64)>,
     /// Entries read since this follower last named the newest checkpoint.
@@ -149,10 +159,12 @@ pub struct Checkpoints {
 const BEGUN_AT_MOST: usize = 4;
 
 impl Checkpoints {
-    /// What a follower that loaded the complete checkpoint at `begin` (or none) knows.
-    pub fn starting_from(begin: Option<u64>) -> Self {
+    /// What a follower that loaded the complete checkpoint at `begin`, begun at `at_ms` (or
+    /// none: `at_ms` is when it started), knows.
+    pub fn starting_from(begin: Option<u64>, at_ms: u64) -> Self {
         Self {
             newest: begin,
+            newest_at_ms: at_ms,
             ..Self::default()
         }
     }
@@ -162,8 +174,9 @@ impl Checkpoints {
         self.newest
     }
 
-    /// A begin entry (a bridge's) read at `offset`, at `now_ms`.
-    pub fn begun(&mut self, token: &str, offset: u64, now_ms: u64) {
+    /// A begin entry (a bridge's) read at `offset`, at `now_ms`, begun at `at_ms` (its
+    /// time; none: `now_ms`).
+    pub fn begun(&mut self, token: &str, offset: u64, at_ms: Option<u64>, now_ms: u64) {
         if self.begun.len() >= BEGUN_AT_MOST
             && let Some(oldest) = self
                 .begun
@@ -179,6 +192,7 @@ impl Checkpoints {
                 begin: offset,
                 parts_seen: BTreeSet::new(),
                 seen_at_ms: now_ms,
+                begun_at_ms: at_ms.unwrap_or(now_ms),
             },
         );
     }
@@ -193,13 +207,14 @@ impl Checkpoints {
         if begun.parts_seen.len() < parts as usize {
             return None;
         }
-        let begin = begun.begin;
+        let (begin, begun_at_ms) = (begun.begin, begun.begun_at_ms);
         self.begun.remove(token);
         if self.writing.as_ref().is_some_and(|(t, _)| t == token) {
             self.writing = None;
         }
         if self.newest.is_none_or(|newest| begin > newest) {
             self.newest = Some(begin);
+            self.newest_at_ms = begun_at_ms;
             // Named at the next entry read.
             self.since_named = POINTER_EVERY;
         }
@@ -208,14 +223,19 @@ impl Checkpoints {
 
     /// Whether to write a checkpoint now: the stream's last offset read is `last_offset`,
     /// the state holds `live_records`, and no checkpoint is being written (this follower's
-    /// or another's begun within [`WRITE_WITHIN_MS`]). `slack` (0 to 1) spreads the moment
-    /// between bridges.
+    /// or another's begun within [`WRITE_WITHIN_MS`]); due when more entries follow the
+    /// newest than the state holds, or it is older than [`AT_LEAST_EVERY_MS`]. `slack` (0
+    /// to 1) spreads the moment between bridges.
     pub fn due(&self, last_offset: u64, live_records: u64, slack: f64, now_ms: u64) -> bool {
         let writing = |seen_at: u64| seen_at.saturating_add(WRITE_WITHIN_MS) > now_ms;
         if self.writing.as_ref().is_some_and(|(_, at)| writing(*at))
             || self.begun.values().any(|b| writing(b.seen_at_ms))
         {
             return false;
+        }
+        let age_limit = AT_LEAST_EVERY_MS as f64 * (1.0 + slack.clamp(0.0, 1.0));
+        if now_ms.saturating_sub(self.newest_at_ms) as f64 >= age_limit {
+            return true;
         }
         let since = match self.newest {
             Some(begin) => last_offset.saturating_sub(begin),
@@ -369,7 +389,7 @@ impl Locate {
 
     /// A bridge's begin entry.
     pub fn begun(&mut self, token: &str, offset: u64) {
-        self.seen.begun(token, offset, 0);
+        self.seen.begun(token, offset, None, 0);
     }
 
     /// A bridge's part.
@@ -485,9 +505,9 @@ mod tests {
     #[test]
     fn a_checkpoint_is_complete_with_its_last_part_and_an_incomplete_one_is_not_named() {
         let mut seen = Checkpoints::default();
-        seen.begun("crashed", 100, 0);
+        seen.begun("crashed", 100, None, 0);
         assert_eq!(seen.part("crashed", 0, 3), None);
-        seen.begun("ok", 200, 0);
+        seen.begun("ok", 200, None, 0);
         assert_eq!(seen.part("ok", 1, 2), None);
         assert_eq!(seen.part("ok", 1, 2), None, "a part read twice counts once");
         assert_eq!(seen.part("ok", 0, 2), Some(200));
@@ -497,8 +517,8 @@ mod tests {
 
     #[test]
     fn a_checkpoint_is_due_once_more_entries_follow_it_than_it_would_hold() {
-        let mut seen = Checkpoints::starting_from(Some(1_000));
         let now = 1_000_000;
+        let mut seen = Checkpoints::starting_from(Some(1_000), now);
         assert!(!seen.due(1_000 + MIN_ENTRIES_BETWEEN - 1, 10, 0.0, now));
         assert!(seen.due(1_000 + MIN_ENTRIES_BETWEEN, 10, 0.0, now));
         assert!(
@@ -511,15 +531,25 @@ mod tests {
             "this bridge waits longer"
         );
         // Someone is writing one: wait for it, unless it stalled.
-        seen.begun("other", 70_000, now);
+        seen.begun("other", 70_000, Some(now), now);
         assert!(!seen.due(1_000 + 80_000, 10, 0.0, now));
         assert!(seen.due(1_000 + 80_000, 10, 0.0, now + WRITE_WITHIN_MS));
-        let young = Checkpoints::default();
+        let young = Checkpoints::starting_from(None, now);
         assert!(
             !young.due(100, 10, 0.0, now),
             "a young stream is read whole"
         );
         assert!(young.due(MIN_ENTRIES_BETWEEN, 10, 0.0, now));
+        // However quiet the stream, the newest is never much older than a day.
+        let day = AT_LEAST_EVERY_MS;
+        let mut quiet = Checkpoints::starting_from(Some(1_000), now);
+        assert!(!quiet.due(1_001, 10, 0.0, now + day - 1));
+        assert!(quiet.due(1_001, 10, 0.0, now + day));
+        assert!(!quiet.due(1_001, 10, 0.5, now + day), "the slack");
+        assert!(young.due(100, 10, 0.0, now + day));
+        quiet.begun("later", 2_000, Some(now + day), now + day);
+        quiet.part("later", 0, 1);
+        assert!(!quiet.due(2_001, 10, 0.0, now + day + 1_000));
     }
 
     #[test]
@@ -528,7 +558,7 @@ mod tests {
         for _ in 0..POINTER_EVERY {
             assert_eq!(seen.to_name(), None, "none to name");
         }
-        seen.begun("tok", 5, 0);
+        seen.begun("tok", 5, None, 0);
         assert_eq!(seen.part("tok", 0, 1), Some(5));
         assert_eq!(seen.to_name(), Some(5), "named once complete");
         for _ in 1..POINTER_EVERY {

@@ -106,6 +106,18 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
         "only what follows the checkpoint: {entries}"
     );
     assert_eq!(entries["complete"], true, "{entries}");
+    // The line docs/operations.md shows, numbers aside.
+    let (_, text) = run_command(&w.config_file(4000), &["status"]).await;
+    let shown = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("cancel stream: checkpoint"))
+            .map(mask_numbers)
+    };
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )
+    .unwrap();
+    assert_eq!(shown(&text), shown(&docs), "status printed:\n{text}");
     // A copy of a cancelled id that entered before its cancel is dropped, from the
     // checkpoint and from after it.
     for (id, entered_at) in [
@@ -158,7 +170,7 @@ async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
         &w,
         vec![
             (
-                as_bridge(checkpoint_begin_properties("crashed".into())),
+                as_bridge(checkpoint_begin_properties("crashed".into(), now_ms())),
                 Vec::new(),
             ),
             (
@@ -245,4 +257,19 @@ async fn offset_of(w: &World, id: &str) -> u64 {
     .expect("found within 20 s");
     let _ = channel.close(200, "found".into()).await;
     offset
+}
+
+/// `line` with every run of digits as `N`.
+fn mask_numbers(line: &str) -> String {
+    let mut masked = String::new();
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !masked.ends_with('N') {
+                masked.push('N');
+            }
+        } else {
+            masked.push(c);
+        }
+    }
+    masked
 }
