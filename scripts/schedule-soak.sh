@@ -4,6 +4,9 @@
 # prints, per minute, the occurrences delivered, the bridge's RSS and the cancel stream's
 # entries. An occurrence delivered in the ordinary way writes nothing to the stream, so its
 # entries stay flat after the first minute (the schedule's one replacement entry).
+# With CANCELS_PER_S set, that many cancels a second go to the stream as well (each naming a
+# due time 5 minutes on), and each minute also shows what a starting bridge would read: the
+# newest checkpoint's live records and the entries after it (from `delay-bridge status`).
 #   scripts/schedule-soak.sh [minutes]   (DELAY_BRIDGE_EXE: another build to run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +32,12 @@ cleanup() {
   rm -f "$config" "$log"
 }
 trap cleanup EXIT
-"$python" - "$url" "$prefix" "$minutes" "$bridge" <<'PY'
-import subprocess, sys, time
+"$python" - "$url" "$prefix" "$minutes" "$bridge" "${CANCELS_PER_S:-0}" "$exe" "$config" <<'PY'
+import json, subprocess, sys, time
 import pika
 
 url, prefix, minutes, bridge = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+cancels_per_s, exe, config = float(sys.argv[5]), sys.argv[6], sys.argv[7]
 connection = pika.BlockingConnection(pika.URLParameters(url))
 channel = connection.channel()
 queue = prefix + ".ticks"
@@ -69,16 +73,43 @@ def stream_entries():
             return int(count)
     return -1
 
-print("minute  occurrences  bridge RSS MiB  cancel-stream entries")
-delivered = 0
+def start_reads():
+    """What a starting bridge reads: the newest checkpoint's records, the entries after."""
+    out = subprocess.run([exe, "-c", config, "status", "--json"],
+                         capture_output=True, text=True, env={"DELAY_BRIDGE_URL": url}).stdout
+    entries = json.loads(out)["cancel_entries"]
+    checkpoint = entries.get("checkpoint") or {}
+    records = sum(checkpoint.get(k, 0) for k in ("cancels", "replacements", "successors", "held"))
+    after = sum(entries[k] for k in ("tombstones", "successors", "markers", "clamps",
+                                     "checkpoint_entries", "invalid", "unreadable"))
+    return records, after
+
+header = "minute  occurrences  bridge RSS MiB  cancel-stream entries"
+if cancels_per_s:
+    header += "  cancels  checkpoint records  entries after it"
+print(header)
+delivered = cancelled = 0
+next_cancel = time.time()
 for minute in range(1, minutes + 1):
     end = time.time() + 60
     while time.time() < end:
+        while cancels_per_s and time.time() >= next_cancel:
+            now_ms = int(time.time() * 1000)
+            channel.basic_publish(prefix + ".cancel", "", b"", pika.BasicProperties(
+                message_id=f"soak-cancel-{cancelled}", delivery_mode=2,
+                headers={"delay-bridge-kind": "cancel", "delay-bridge-cancelled-at": now_ms,
+                         "delay-bridge-due-at": now_ms + 300_000}))
+            cancelled += 1
+            next_cancel += 1 / cancels_per_s
         _, _, body = channel.basic_get(queue, auto_ack=True)
         if body is None:
             connection.sleep(0.05)
         else:
             delivered += 1
-    print(f"{minute:>6}  {delivered:>11}  {rss_mib():>14.1f}  {stream_entries():>21}", flush=True)
+    line = f"{minute:>6}  {delivered:>11}  {rss_mib():>14.1f}  {stream_entries():>21}"
+    if cancels_per_s:
+        records, after = start_reads()
+        line += f"  {cancelled:>7}  {records:>18}  {after:>16}"
+    print(line, flush=True)
 connection.close()
 PY

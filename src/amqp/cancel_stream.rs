@@ -72,9 +72,9 @@ pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
 /// Finds the begin offset of the newest complete checkpoint at or before `end`, reading
 /// back from it ([`LOOK_BACK`] entries in turn) for the pointers in trusted markers and
 /// clock entries, and checkpoints begun and completed within: `None` when none is named (a
-/// young stream, or one no bridge from 0.2 wrote to). A stretch that would reach back to
-/// the stream's first offset is not read: reading the stream from its start costs no more
-/// than that. `trusted` says whether a bridge wrote a delivery. Also how many entries it
+/// young stream, or one no bridge from 0.2 wrote to). A stretch that would reach back over
+/// half the stream's offsets is not read: reading the stream from its start costs at most
+/// twice that. `trusted` says whether a bridge wrote a delivery. Also how many entries it
 /// read.
 pub(crate) async fn locate(
     connection: &wire::Connection,
@@ -85,7 +85,7 @@ pub(crate) async fn locate(
     let mut read = 0u64;
     for back in LOOK_BACK {
         let from = end.saturating_sub(back);
-        if from == 0 {
+        if from <= back {
             break;
         }
         let (channel, mut consumer) = attach(connection, stream, Start::At(from), "").await?;

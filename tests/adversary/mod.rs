@@ -591,3 +591,91 @@ async fn a_cancel_dated_ahead_means_the_same_after_a_restart() {
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
+
+/// A canceller writes a checkpoint of its own into the stream (a begin entry, and a part
+/// that says only `innocent` is cancelled, leaving out the real cancel of `victim`) and a
+/// marker naming it: neither the running bridge nor a restarted one takes it (only a
+/// bridge's entries count, by the `user_id` the broker checks).
+#[tokio::test]
+async fn a_cancellers_forged_checkpoint_changes_nothing() {
+    use delay_bridge::cancel::{
+        checkpoint, checkpoint_begin_properties, checkpoint_part_properties, message_id,
+        sync_properties, tombstone_properties,
+    };
+    let mut a = Arena::start("adv-forged-checkpoint").await;
+    let connection = Connection::connect(&a.canceller_url, ConnectionProperties::default())
+        .await
+        .expect("the canceller connects");
+    let canceller = connection.create_channel().await.unwrap();
+    canceller
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let exchange = a.w.config.names.cancel_exchange();
+    let cancelled_at = now_ms();
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        b"",
+        tombstone_properties(message_id("victim").unwrap(), cancelled_at, None),
+    )
+    .await;
+    let forged = checkpoint::encode_part(&[checkpoint::Record::Cancel {
+        id: "innocent".into(),
+        c: u64::MAX / 4,
+        e: now_ms() + YEAR_MS,
+    }]);
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        b"",
+        checkpoint_begin_properties("forged".into(), now_ms()),
+    )
+    .await;
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        &forged,
+        checkpoint_part_properties("forged".into(), 0, 0, 1),
+    )
+    .await;
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        b"",
+        sync_properties("forged-pointer".into(), now_ms(), Some(0)),
+    )
+    .await;
+    let stats = a.w.stats();
+    wait_until("the real cancel is applied", 5 * SEC, || {
+        stats.snapshot().tombstones == 1
+    })
+    .await;
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    assert_eq!(a.w.stats().snapshot().tombstones, 1, "only the real cancel");
+    for id in ["victim", "innocent"] {
+        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
+        a.publish(
+            &a.ingress,
+            "rk.copy",
+            id.as_bytes(),
+            with(vec![
+                ("x-delay", AMQPValue::LongLongInt(300)),
+                (header::PUBLISHED_AT, published_at),
+            ])
+            .with_message_id(id.into()),
+        )
+        .await;
+    }
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"innocent", "the innocent copy arrives");
+    a.w.assert_quiet(2 * SEC).await;
+    assert_eq!(a.w.stats().snapshot().cancelled, 1, "the victim's copy dropped");
+    let _ = connection.close(200, "done".into()).await;
+    a.cleanup().await;
+}
