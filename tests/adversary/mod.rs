@@ -621,6 +621,23 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
         tombstone_properties(message_id("victim").unwrap(), cancelled_at, None),
     )
     .await;
+    // Enough history that a starting bridge looks back for a checkpoint rather than
+    // reading the stream whole (cancels long past their due time).
+    for n in 0..3_000 {
+        let long_ago = cancelled_at - YEAR_MS;
+        publish_to(
+            &canceller,
+            &exchange,
+            "",
+            b"",
+            tombstone_properties(
+                message_id(&format!("filler-{n}")).unwrap(),
+                long_ago,
+                Some(long_ago),
+            ),
+        )
+        .await;
+    }
     let forged = checkpoint::encode_part(&[checkpoint::Record::Cancel {
         id: "innocent".into(),
         c: u64::MAX / 4,
@@ -675,7 +692,11 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
     let got = a.w.recv_within(10 * SEC).await;
     assert_eq!(got.body, b"innocent", "the innocent copy arrives");
     a.w.assert_quiet(2 * SEC).await;
-    assert_eq!(a.w.stats().snapshot().cancelled, 1, "the victim's copy dropped");
+    assert_eq!(
+        a.w.stats().snapshot().cancelled,
+        1,
+        "the victim's copy dropped"
+    );
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
