@@ -21,9 +21,10 @@ use crate::management::{Management, ManagementError, QueueFigures};
 use crate::parked::{self, ParkedError};
 use crate::topology::Topology;
 
-/// The cancel-stream read gives up when no entry has come for this long (the stream's end,
-/// found when the read began, was not reached: entries left it meanwhile).
-pub const STREAM_QUIET: Duration = Duration::from_secs(1);
+/// The longest `status` reads the cancel stream after finding its end: it stops there
+/// (complete) sooner, unless the broker is too busy to deliver the entries, or entries left
+/// the stream meanwhile.
+pub const STREAM_READ_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long `status` takes to find where the cancel stream ends: the first entry of its
 /// last chunk comes within this when there is one (an empty stream sends nothing), and the
@@ -210,7 +211,7 @@ pub struct StreamEntries {
     pub unreadable: u64,
     /// True when the read reached the stream's end as it was when `status` began (what was
     /// appended after is not read); false when it stopped at [`STREAM_READ_MOST`] entries or
-    /// no entry came for [`STREAM_QUIET`] before the end.
+    /// [`STREAM_READ_WITHIN`] passed before the end.
     pub complete: bool,
 }
 
@@ -341,7 +342,8 @@ async fn count_stream(
     let mut entries = StreamEntries::default();
     let mut checkpoint = found.map(|offset| (CheckpointFigures::at(offset), None::<String>));
     let mut read = 0u64;
-    while let Ok(next) = tokio::time::timeout(STREAM_QUIET, consumer.next()).await {
+    let deadline = tokio::time::Instant::now() + STREAM_READ_WITHIN;
+    while let Ok(next) = tokio::time::timeout_at(deadline, consumer.next()).await {
         let Some(delivery) = next? else { break };
         let offset = cancel_stream::offset_of(&delivery);
         read += 1;
