@@ -547,13 +547,26 @@ impl TombstoneSet {
         if expires_at <= now_ms {
             return Inserted::Expired;
         }
-        let id = tombstone.message_id;
-        let (live, target) = match tombstone.scope {
-            Scope::Every => (self.live.get_mut(&id), None),
-            Scope::Schedules { target } => (
-                self.replaced.get_mut(&(target.clone(), id.clone())),
-                Some(target),
-            ),
+        let target = match tombstone.scope {
+            Scope::Every => None,
+            Scope::Schedules { target } => Some(target),
+        };
+        self.put(tombstone.message_id, target, cancelled_at, expires_at)
+    }
+
+    /// Keeps the cancel of `id` (of the schedules bound for `target`, when given) that
+    /// covers copies entered at or before `cancelled_at` until `expires_at`. Of two cancels
+    /// of one id both stand: the later one covers more copies, the longer one lives longer.
+    fn put(
+        &mut self,
+        id: String,
+        target: Option<String>,
+        cancelled_at: u64,
+        expires_at: u64,
+    ) -> Inserted {
+        let live = match &target {
+            None => self.live.get_mut(&id),
+            Some(target) => self.replaced.get_mut(&(target.clone(), id.clone())),
         };
         let Some(live) = live else {
             self.by_expiry
@@ -569,7 +582,6 @@ impl TombstoneSet {
             };
             return Inserted::New;
         };
-        // Both cancels stand: the later one covers more copies, the longer one lives longer.
         let inserted = if cancelled_at > live.cancelled_at {
             live.cancelled_at = cancelled_at;
             Inserted::Extended
@@ -755,36 +767,8 @@ impl TombstoneSet {
             }
             Record::Held { .. } | Record::StreamClock { .. } => return,
         };
-        if expires_at <= now_ms {
-            return;
-        }
-        let live = match &target {
-            None => self.live.get_mut(&id),
-            Some(target) => self.replaced.get_mut(&(target.clone(), id.clone())),
-        };
-        match live {
-            Some(live) => {
-                live.cancelled_at = live.cancelled_at.max(cancelled_at);
-                if expires_at > live.expires_at {
-                    self.by_expiry
-                        .remove(&(live.expires_at, id.clone(), target.clone()));
-                    live.expires_at = expires_at;
-                    self.by_expiry.insert((expires_at, id, target));
-                }
-            }
-            None => {
-                self.by_expiry
-                    .insert((expires_at, id.clone(), target.clone()));
-                let live = Live {
-                    cancelled_at,
-                    expires_at,
-                    dropped: 0,
-                };
-                match target {
-                    None => self.live.insert(id, live),
-                    Some(target) => self.replaced.insert((target, id), live),
-                };
-            }
+        if expires_at > now_ms {
+            self.put(id, target, cancelled_at, expires_at);
         }
     }
 

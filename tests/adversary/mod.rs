@@ -124,6 +124,19 @@ impl Arena {
         }
     }
 
+    /// A confirming channel of the recipe's canceller (and its connection, to keep open).
+    async fn canceller(&self) -> (Connection, Channel) {
+        let connection = Connection::connect(&self.canceller_url, ConnectionProperties::default())
+            .await
+            .expect("the canceller connects");
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        (connection, channel)
+    }
+
     /// Publishes as the recipe's publisher, confirmed.
     async fn publish(
         &self,
@@ -552,14 +565,7 @@ async fn a_cancel_dated_ahead_means_the_same_after_a_restart() {
     use delay_bridge::cancel::{CLOCK_ALLOWANCE_MS, message_id, tombstone_properties};
     let mut a = Arena::start("adv-ahead-restart").await;
     let stats = a.w.stats();
-    let connection = Connection::connect(&a.canceller_url, ConnectionProperties::default())
-        .await
-        .expect("the canceller connects");
-    let canceller = connection.create_channel().await.unwrap();
-    canceller
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (connection, canceller) = a.canceller().await;
     publish_to(
         &canceller,
         &a.w.config.names.cancel_exchange(),
@@ -603,14 +609,7 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
         sync_properties, tombstone_properties,
     };
     let mut a = Arena::start("adv-forged-checkpoint").await;
-    let connection = Connection::connect(&a.canceller_url, ConnectionProperties::default())
-        .await
-        .expect("the canceller connects");
-    let canceller = connection.create_channel().await.unwrap();
-    canceller
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (connection, canceller) = a.canceller().await;
     let exchange = a.w.config.names.cancel_exchange();
     let cancelled_at = now_ms();
     publish_to(
