@@ -26,6 +26,7 @@ use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 use super::load::{self, Outgoing};
 use crate::measured_bridge::MeasuredBridge;
+use delay_bridge_bench::report;
 
 const DAY_MS: u64 = 86_400_000;
 const YEAR_MS: u64 = 365 * DAY_MS;
@@ -53,6 +54,17 @@ struct Start {
     rss: u64,
     read: Option<u64>,
     tombstones: Option<u64>,
+}
+
+impl Start {
+    fn report(&self) -> report::HistoryStart {
+        report::HistoryStart {
+            ready_s: self.ready_s,
+            rss_bytes: self.rss,
+            entries_read: self.read,
+            live: self.tombstones,
+        }
+    }
 }
 
 /// The entry at `seq` of the mix.
@@ -205,5 +217,21 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             spread(&rss)
         );
     }
+    println!(
+        "{}",
+        report::Report::new(
+            "history",
+            report::History {
+                entries: args.entries,
+                live: args.live,
+                publish_s,
+                empty: empty.report(),
+                first: first.report(),
+                restarts: restarts.iter().map(Start::report).collect(),
+                before: before.as_ref().map(Start::report),
+            },
+        )
+        .to_line()
+    );
     Ok(())
 }

@@ -424,6 +424,38 @@ pub struct Tombstones {
     pub read_cost: Cost,
 }
 
+/// One bridge start of `history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryStart {
+    /// Until it consumed, seconds.
+    pub ready_s: f64,
+    /// Its RSS then.
+    pub rss_bytes: u64,
+    /// Cancel-stream entries it read before it was ready (none: its metrics do not say).
+    pub entries_read: Option<u64>,
+    /// Live cancels it held then.
+    pub live: Option<u64>,
+}
+
+/// `history`: a year-like cancel stream, and what a start reads of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// Entries appended.
+    pub entries: u64,
+    /// Live cancels asked for.
+    pub live: u64,
+    /// Time to append them.
+    pub publish_s: f64,
+    /// A start on the empty stream.
+    pub empty: HistoryStart,
+    /// The first start on the full stream (no checkpoint yet).
+    pub first: HistoryStart,
+    /// The starts after it (from the newest checkpoint).
+    pub restarts: Vec<HistoryStart>,
+    /// The `--before` executable's start, when asked.
+    pub before: Option<HistoryStart>,
+}
+
 /// `plugin`: the archived delayed-message plugin under the same load.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plugin {

@@ -343,6 +343,32 @@ async fn bench_tombstones_smoke() {
     assert!(tombstones.rss_full_bytes > 0, "{report:?}");
 }
 
+#[tokio::test]
+async fn bench_history_smoke() {
+    // Enough entries that the first start writes a checkpoint (10 000 at least, and up to a
+    // quarter more by the bridge's slack).
+    let args = [
+        "history",
+        "--entries",
+        "15000",
+        "--live",
+        "100",
+        "--restarts",
+        "1",
+    ];
+    let report: Report<report::History> = bench(&args).await;
+    let history = &report.body;
+    assert_eq!(history.entries, 15_000);
+    let first = history.first.entries_read.expect("the gauge");
+    let restart = history.restarts[0].entries_read.expect("the gauge");
+    assert!(first >= 15_000, "{report:?}");
+    assert!(
+        restart < 2_000,
+        "a restart reads from the checkpoint: {report:?}"
+    );
+    assert_eq!(history.first.live, history.restarts[0].live, "{report:?}");
+}
+
 /// A rate, a duration or a limit of 0, below 0 or not a number is refused when the command
 /// line is read, by every scenario that takes one, with an error that names the option: it
 /// never reaches a division or a `Duration` (`baseline --rate 0` panicked on one).
