@@ -56,11 +56,6 @@ pub(crate) async fn attach(
     }
 }
 
-/// The consumer's next delivery (`None`: the broker cancelled the consumer).
-pub(crate) async fn next(consumer: &mut Consumer) -> Result<Option<Delivery>, WireError> {
-    consumer.next().await
-}
-
 /// The offset of a delivery, readable or not.
 pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
     match &delivery.unreadable {
@@ -90,7 +85,7 @@ pub(crate) async fn locate(
         }
         let (channel, mut consumer) = attach(connection, stream, Start::At(from), "").await?;
         let mut locate = Locate::new();
-        while let Some(delivery) = next(&mut consumer).await? {
+        while let Some(delivery) = consumer.next().await? {
             read += 1;
             let offset = offset_of(&delivery);
             if read.is_multiple_of(ACK_EVERY) {

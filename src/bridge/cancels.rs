@@ -99,7 +99,7 @@ pub(super) async fn follow(
         },
     };
     let loading = resume.is_none() && matches!(start, Start::At(_));
-    let (channel, mut consumer, backlog) = loop {
+    let (channel, consumer, backlog) = loop {
         let (channel, mut consumer) = checkpoints::attach_at(connection, &stream, start).await?;
         let Start::At(begin) = start else {
             if resume.is_none() {
@@ -125,7 +125,6 @@ pub(super) async fn follow(
             }
         }
     };
-    let _ = &mut consumer;
 
     let (caught_up_tx, caught_up) = oneshot::channel();
     let handle = tokio::spawn(run(

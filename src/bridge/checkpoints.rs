@@ -67,7 +67,7 @@ pub(super) async fn locate(
 
 /// The consumer's next delivery.
 async fn next(consumer: &mut Consumer) -> Result<Delivery, BridgeError> {
-    match cancel_stream::next(consumer).await {
+    match consumer.next().await {
         Ok(Some(delivery)) => Ok(delivery),
         Ok(None) => Err(BridgeError::ConsumerEnded(
             "the broker cancelled the cancel-stream consumer".into(),
