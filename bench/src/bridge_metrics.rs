@@ -62,7 +62,12 @@ impl LatenessSplit {
 
 /// The value of `metric`'s bucket `le` in the Prometheus text `metrics`.
 fn bucket(metrics: &str, metric: &str, le: &str) -> Option<f64> {
-    let series = format!("{metric}_bucket{{le=\"{le}\"}}");
+    value(metrics, &format!("{metric}_bucket{{le=\"{le}\"}}"))
+}
+
+/// The value of the series `series` (a name, with its labels if it has any) in the
+/// Prometheus text `metrics`.
+pub fn value(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|line| {
         let (name, value) = line.rsplit_once(' ')?;
         (name == series).then(|| value.parse().ok())?
@@ -96,6 +101,20 @@ delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
         assert!(split.line().contains(
             "of 100 delivered, 5.00% confirmed more than 10 ms late, 2.00% already read"
         ));
+    }
+
+    #[test]
+    fn a_series_is_read_by_its_whole_name() {
+        let text = format!("{TEXT}delay_bridge_hops_total 7\n");
+        assert_eq!(value(&text, "delay_bridge_hops_total"), Some(7.0));
+        assert_eq!(value(&text, "delay_bridge_hops"), None);
+        assert_eq!(
+            value(
+                &text,
+                "delay_bridge_read_lateness_seconds_bucket{le=\"0.01\"}"
+            ),
+            Some(98.0)
+        );
     }
 
     #[test]

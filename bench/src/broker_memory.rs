@@ -82,6 +82,35 @@ impl Ctl {
     }
 }
 
+impl Ctl {
+    /// Bytes on disk under the broker's data directory (`du -sb` of the directory
+    /// `rabbit_mnesia:dir()` names: message stores, queue indexes, Raft logs, streams).
+    pub async fn data_dir_bytes(&self) -> Result<u64> {
+        let out = self.call(&["eval", "rabbit_mnesia:dir()."]).await?;
+        let dir = out.trim().trim_matches('"');
+        if dir.is_empty() {
+            bail!("the broker named no data directory");
+        }
+        let du = Command::new("du")
+            .args(["-sb", dir])
+            .output()
+            .await
+            .context("running du")?;
+        if !du.status.success() {
+            bail!(
+                "du -sb {dir} failed ({}): {}",
+                du.status,
+                String::from_utf8_lossy(&du.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&du.stdout);
+        text.split_whitespace()
+            .next()
+            .and_then(|bytes| bytes.parse().ok())
+            .with_context(|| format!("unexpected du output {text:?}"))
+    }
+}
+
 /// What `list_queues` says of a set of queues.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QueueMemory {

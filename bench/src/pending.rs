@@ -4,7 +4,9 @@
 //! the growth over the count, and the bridge's RSS should not grow with it. Each step also
 //! reports what taking its messages in cost (ingress to the work queue, the bridge, a hop
 //! into a level): the broker's CPU per message beside one flat-out plain transit, and the
-//! bridge's.
+//! bridge's. The broker's data directory is read beside its memory. Last, a sample due
+//! at one instant is published on top of what is pending and collected at the target: how
+//! long it takes to drain, and how late, with the levels full.
 
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
 use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
-use super::load::{due_at, publish};
+use super::load::{Collector, due_at, publish};
 use super::{Target, bridge_description, mib, print_targets, target_rows};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
@@ -37,6 +39,12 @@ pub struct Args {
     /// Their delay (they stay pending for the whole run).
     #[arg(long, default_value = "7d")]
     delay: String,
+    /// Messages in the sample due at one instant after the last step (0: no sample).
+    #[arg(long, default_value_t = 10_000)]
+    sample: u64,
+    /// How long after it is published the sample falls due.
+    #[arg(long, default_value = "10s")]
+    sample_lead: String,
     /// Body size, bytes (at least 16).
     #[arg(long, default_value_t = 100)]
     body_size: usize,
@@ -58,7 +66,10 @@ const BROKER_BYTES_PER_MESSAGE: f64 = 200.0;
 struct Reading {
     pending: u64,
     broker_total: u64,
+    /// Messages in the level queues as the broker counts them (a bundle is one).
+    level_messages: u64,
     queue_memory: u64,
+    broker_disk: u64,
     bridge: ProcessUsage,
     /// Seconds from the first publish of this step until the levels held it all.
     seconds: f64,
@@ -71,11 +82,13 @@ impl Reading {
         report::PendingReading {
             pending: self.pending,
             broker_total_bytes: self.broker_total,
+            level_messages: Some(self.level_messages),
             queue_memory_bytes: self.queue_memory,
             bridge_rss_bytes: self.bridge.rss,
             bridge_peak_rss_bytes: self.bridge.peak_rss,
             bridge_cpu_s: self.bridge.cpu.as_secs_f64(),
             seconds: self.seconds,
+            broker_disk_bytes: Some(self.broker_disk),
             intake_cost: self.intake.map(|cost| cost.report()),
         }
     }
@@ -86,6 +99,8 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     if delay < Duration::from_secs(3600) {
         bail!("--delay must be at least 1h so nothing falls due during the run");
     }
+    let sample_lead =
+        parse_duration(&args.sample_lead).map_err(|e| anyhow::anyhow!("--sample-lead: {e}"))?;
     let ctl = Ctl::parse(&args.ctl)?;
     ctl.total_after_gc().await.context(
         "this scenario reads the broker's memory with rabbitmqctl; set --ctl or DELAY_BRIDGE_CTL",
@@ -98,11 +113,13 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let baseline = args.baseline.measure(base, args.body_size, 2000.0).await?;
     let sandbox =
         Sandbox::declare(base, "delay-bridge-bench-pending", TargetBinding::Fanout).await?;
-    let measured = measure(&sandbox, args, &ctl, &steps, delay, &baseline).await;
+    let measured = measure(&sandbox, args, &ctl, &steps, delay, &baseline, sample_lead).await;
     println!("deleting the benchmark's queues ({count} messages)...");
+    let deleting = tokio::time::Instant::now();
     sandbox.finish().await?;
-    let readings = measured?;
-    report(base, args, &baseline, &readings);
+    println!("deleted in {:.1} s", deleting.elapsed().as_secs_f64());
+    let (readings, sample) = measured?;
+    report(base, args, &baseline, &readings, sample.as_ref());
     Ok(())
 }
 
@@ -113,7 +130,8 @@ async fn measure(
     steps: &[u64],
     delay: Duration,
     baseline: &Baseline,
-) -> Result<Vec<Reading>> {
+    sample_lead: Duration,
+) -> Result<(Vec<Reading>, Option<report::PendingSample>)> {
     let process = MeasuredBridge::start(sandbox).await?;
     let mut readings = vec![read(sandbox, &process, ctl, 0, 0.0, None).await?];
     let channel = crate::load::confirm_channel(&sandbox.conn).await?;
@@ -136,11 +154,12 @@ async fn measure(
         })
         .await?;
         published = step;
-        // Wait until the bridge has moved every message into a level.
+        // Wait until the bridge has moved every message into a level (its confirmed hops:
+        // in bundles, a level queue's message holds many).
         let deadline = started + Duration::from_secs(120) + Duration::from_millis(step);
         loop {
             let waiting = queue_counts(&sandbox.conn, &work_queue).await?.messages;
-            if waiting == 0 && sandbox.pending_in_levels().await? >= step {
+            if waiting == 0 && hops(&process).await? >= step {
                 break;
             }
             if tokio::time::Instant::now() > deadline {
@@ -158,8 +177,67 @@ async fn measure(
         readings.push(read(sandbox, &process, ctl, step, seconds, Some(intake)).await?);
         eprintln!("  {step} pending after {seconds:.1} s");
     }
+    let sample = if args.sample > 0 {
+        Some(drain_sample(sandbox, args, published, sample_lead).await?)
+    } else {
+        None
+    };
     process.stop().await?;
-    Ok(readings)
+    Ok((readings, sample))
+}
+
+/// Publishes `args.sample` messages due `lead` after now through the route whose levels
+/// hold `pending` messages, and collects them at the target.
+async fn drain_sample(
+    sandbox: &Sandbox,
+    args: &Args,
+    pending: u64,
+    lead: Duration,
+) -> Result<report::PendingSample> {
+    let count = args.sample;
+    let consumer =
+        delay_bridge::amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
+    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
+    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
+    let due_ms = now_ms() + lead.as_millis() as u64;
+    let ingress = sandbox.ingress.clone();
+    let published = publish(&channel, count, None, |seq| {
+        due_at(&ingress, seq, due_ms, args.body_size)
+    })
+    .await?;
+    if published.confirmed_us > due_ms * 1000 {
+        bail!(
+            "publishing the sample took longer than its {:.1} s lead; the due instant passed first",
+            lead.as_secs_f64()
+        );
+    }
+    let deadline = tokio::time::Instant::now()
+        + lead
+        + Duration::from_secs(60)
+        + Duration::from_millis(count / 100);
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let _ = consumer.close(200, "done".into()).await;
+    let drain_s = (arrivals.last_us as f64 / 1e6 - due_ms as f64 / 1e3).max(0.0);
+    eprintln!(
+        "  sample of {count} due at one instant beside {pending} pending: {} arrived, drained {drain_s:.2} s after the due instant",
+        arrivals.received
+    );
+    Ok(report::PendingSample {
+        count,
+        pending,
+        drain_s,
+        missing: arrivals.missing(),
+        duplicates: arrivals.duplicates,
+        lateness: super::Spread::of(&arrivals.lateness_us).map(|s| s.report()),
+    })
+}
+
+/// Hops the bridge has confirmed into level queues.
+async fn hops(process: &MeasuredBridge) -> Result<u64> {
+    let metrics = process.metrics().await?;
+    let hops = crate::bridge_metrics::value(&metrics, "delay_bridge_hops_total")
+        .context("the bridge's metrics have no delay_bridge_hops_total")?;
+    Ok(hops as u64)
 }
 
 async fn read(
@@ -174,14 +252,22 @@ async fn read(
     Ok(Reading {
         pending,
         broker_total: ctl.total_after_gc().await?,
+        level_messages: sandbox.pending_in_levels().await?,
         queue_memory: ctl.queues(&prefix).await?.bytes,
+        broker_disk: ctl.data_dir_bytes().await?,
         bridge: process.usage()?,
         seconds,
         intake,
     })
 }
 
-fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading]) {
+fn report(
+    base: &Config,
+    args: &Args,
+    baseline: &Baseline,
+    readings: &[Reading],
+    sample: Option<&report::PendingSample>,
+) {
     let first = readings[0];
     let last = *readings.last().expect("a reading per step");
     // Signed: with messages on disk the growth can be below the noise (GC, other queues).
@@ -202,11 +288,14 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
     println!("broker: {}", base.url());
     println!("{}", baseline.line());
     println!(
-        "{:>10} {:>14} {:>12} {:>14} {:>12} {:>12} {:>10} {:>9}",
+        "{:>10} {:>10} {:>14} {:>12} {:>14} {:>12} {:>14} {:>8} {:>12} {:>10} {:>9}",
         "pending",
+        "in levels",
         "broker total",
         "B/msg",
         "level queues",
+        "B/msg",
+        "broker disk",
         "B/msg",
         "bridge RSS",
         "peak RSS",
@@ -216,8 +305,9 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
     for r in readings {
         let moved = r.pending - previous.pending;
         println!(
-            "{:>10} {:>14} {:>12} {:>14} {:>12} {:>12} {:>10} {:>9}",
+            "{:>10} {:>10} {:>14} {:>12} {:>14} {:>12} {:>14} {:>8} {:>12} {:>10} {:>9}",
             r.pending,
+            r.level_messages,
             mib(r.broker_total),
             if r.pending == 0 {
                 "-".into()
@@ -230,6 +320,12 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
             } else {
                 format!("{:.0}", per_message(r, |r| r.queue_memory))
             },
+            mib(r.broker_disk),
+            if r.pending == 0 {
+                "-".into()
+            } else {
+                format!("{:.0}", per_message(r, |r| r.broker_disk))
+            },
             mib(r.bridge.rss),
             mib(r.bridge.peak_rss),
             if moved == 0 {
@@ -240,6 +336,9 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
         );
         previous = *r;
     }
+    println!(
+        "in levels: messages in the level queues as the broker counts them (hops travel in bundles when bridge.bundle_hops is on: one message holds many)"
+    );
     println!(
         "baseline publish rate for scale: {:.0} msg/s; the levels filled at the hops/s above",
         baseline.rate
@@ -252,6 +351,18 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
                 intake.line()
             );
         }
+    }
+    if let Some(sample) = sample {
+        let lateness = sample.lateness.as_ref().map_or("-".to_string(), |l| {
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                l.p50_ms, l.p99_ms, l.max_ms
+            )
+        });
+        println!(
+            "a sample of {} due at one instant beside {} pending: drained {:.2} s after its due instant; late by {lateness}; missing {}, duplicates {}",
+            sample.count, sample.pending, sample.drain_s, sample.missing, sample.duplicates
+        );
     }
     let broker_per_msg = per_message(&last, |r| r.broker_total);
     let mut targets = Vec::new();
@@ -297,6 +408,8 @@ fn report(base: &Config, args: &Args, baseline: &Baseline, readings: &[Reading])
                 readings: readings.iter().map(Reading::report).collect(),
                 broker_bytes_per_pending_message: broker_per_msg.round(),
                 queue_bytes_per_pending_message: per_message(&last, |r| r.queue_memory).round(),
+                disk_bytes_per_pending_message: Some(per_message(&last, |r| r.broker_disk).round()),
+                sample: sample.cloned(),
             },
         )
         .bridge(bridge_description())

@@ -314,6 +314,30 @@ pub struct Pending {
     pub broker_bytes_per_pending_message: f64,
     /// The queues' memory per waiting message.
     pub queue_bytes_per_pending_message: f64,
+    /// The broker's data directory per waiting message, between the first and last
+    /// reading (absent in reports from before it was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_per_pending_message: Option<f64>,
+    /// A sample due at one instant on top of the last reading's pending messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<PendingSample>,
+}
+
+/// `pending`'s sample: messages due at one instant while the levels hold the rest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingSample {
+    /// Messages in the sample.
+    pub count: u64,
+    /// Messages pending in the levels beside it.
+    pub pending: u64,
+    /// From their due instant to the last arrival.
+    pub drain_s: f64,
+    /// Sample messages that never arrived.
+    pub missing: u64,
+    /// Copies beyond the first.
+    pub duplicates: u64,
+    /// Arrival minus due time.
+    pub lateness: Option<Lateness>,
 }
 
 /// One checkpoint of `pending`.
@@ -323,6 +347,10 @@ pub struct PendingReading {
     pub pending: u64,
     /// The broker's total memory.
     pub broker_total_bytes: u64,
+    /// Messages in the level queues as the broker counts them (a bundle of hops is one;
+    /// absent in reports from before it was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level_messages: Option<u64>,
     /// The queues' memory.
     pub queue_memory_bytes: u64,
     /// The bridge's RSS.
@@ -333,6 +361,10 @@ pub struct PendingReading {
     pub bridge_cpu_s: f64,
     /// Since the start.
     pub seconds: f64,
+    /// Bytes under the broker's data directory (absent in reports from before it was
+    /// read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_disk_bytes: Option<u64>,
     /// CPU per message of the intake up to this checkpoint (none at the first).
     pub intake_cost: Option<Cost>,
 }
