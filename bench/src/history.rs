@@ -9,7 +9,9 @@
 //! cancels whose message was due within 30 minutes of the cancel for the rest (long past
 //! too). The first start reads the whole stream and then writes a checkpoint; each later
 //! start (`--restarts`) reads from the newest checkpoint. With `--before EXE`, that
-//! executable (an earlier release) starts on the same stream too, once.
+//! executable (an earlier release) starts on the same stream too, once. Last, with a
+//! bridge running, `delay-bridge status` runs `--status-runs` times while a writer appends
+//! `--status-rate` cancels a second: how long each took and what it read.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use delay_bridge::cancel::{
 };
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
+use delay_bridge::sandbox::process::ConfigFile;
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
 use super::load::{self, Outgoing};
@@ -46,7 +49,16 @@ pub struct Args {
     /// An earlier `delay-bridge` executable to start once on the same stream ("before").
     #[arg(long)]
     before: Option<PathBuf>,
+    /// `status` runs timed while the stream is written (0: none).
+    #[arg(long, default_value_t = 3)]
+    status_runs: u32,
+    /// Cancels appended a second while `status` runs.
+    #[arg(long, default_value_t = 100)]
+    status_rate: u32,
 }
+
+/// The longest a `status` run may take before the bench gives up on it.
+const STATUS_WITHIN: Duration = Duration::from_secs(120);
 
 /// One start: ready after, RSS then, entries read and live cancels.
 struct Start {
@@ -103,10 +115,86 @@ fn entry(seq: u64, args: &Args, now: u64) -> Outgoing {
 
 /// The value of an unlabelled metric in Prometheus text.
 fn metric(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+    crate::bridge_metrics::value(text, name).map(|v| v as u64)
+}
+
+/// `delay-bridge status --json` runs, each timed, while a bridge runs and a writer appends
+/// `args.status_rate` cancels a second to the stream.
+async fn status_while_written(
+    sandbox: &Sandbox,
+    args: &Args,
+) -> Result<Vec<report::HistoryStatus>> {
+    let bridge = MeasuredBridge::start(sandbox).await?;
+    let config = ConfigFile::write(&sandbox.config)?;
+    let exe = crate::measured_bridge::bridge_executable()?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let channel = load::confirm_channel(&sandbox.conn).await?;
+        let stream = sandbox.config.names.cancel_stream();
+        let every = Duration::from_secs(1) / args.status_rate.max(1);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            let mut written = 0u64;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok::<u64, anyhow::Error>(written),
+                    _ = tick.tick() => {}
+                }
+                let id = ShortString::from(format!("while-status-{written:010}"));
+                channel
+                    .basic_publish(
+                        "".into(),
+                        stream.as_str().into(),
+                        lapin::options::BasicPublishOptions::default(),
+                        b"",
+                        tombstone_properties(id, now_ms(), None),
+                    )
+                    .await?
+                    .await?;
+                written += 1;
+            }
+        })
+    };
+    let mut runs = Vec::new();
+    for _ in 0..args.status_runs {
+        let started = Instant::now();
+        let output = tokio::time::timeout(
+            STATUS_WITHIN,
+            config.command(&exe).args(["status", "--json"]).output(),
+        )
+        .await
+        .with_context(|| format!("status did not return within {STATUS_WITHIN:?}"))?
+        .context("running status")?;
+        let seconds = started.elapsed().as_secs_f64();
+        if !output.status.success() {
+            bail!(
+                "status failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("status --json")?;
+        let entries = &json["cancel_entries"];
+        let count = |field: &str| entries[field].as_u64().unwrap_or(0);
+        runs.push(report::HistoryStatus {
+            seconds,
+            complete: entries["complete"].as_bool().unwrap_or(false),
+            from_checkpoint: !entries["checkpoint"].is_null(),
+            entries_after: count("tombstones")
+                + count("successors")
+                + count("markers")
+                + count("clamps")
+                + count("checkpoint_entries")
+                + count("invalid")
+                + count("unreadable"),
+        });
+    }
+    stop.cancel();
+    let written = writer.await.context("the writer task")??;
+    bridge.stop().await?;
+    eprintln!("  {written} cancels appended while status ran");
+    Ok(runs)
 }
 
 async fn start(sandbox: &Sandbox, exe: Option<&PathBuf>, wait_checkpoint: bool) -> Result<Start> {
@@ -163,7 +251,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         Some(exe) => Some(start(&sandbox, Some(exe), false).await?),
         None => None,
     };
+    let status = status_while_written(&sandbox, args).await;
     sandbox.finish().await?;
+    let status = status?;
 
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let shown = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
@@ -217,6 +307,34 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             spread(&rss)
         );
     }
+    if !status.is_empty() {
+        let mut seconds: Vec<f64> = status.iter().map(|s| s.seconds).collect();
+        seconds.sort_by(f64::total_cmp);
+        let reads: Vec<String> = status
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}{} entries{}",
+                    if s.from_checkpoint {
+                        "checkpoint + "
+                    } else {
+                        ""
+                    },
+                    s.entries_after,
+                    if s.complete { "" } else { " (incomplete)" }
+                )
+            })
+            .collect();
+        println!(
+            "  status while {} cancels a second are appended ({} runs): {:.2} / {:.2} / {:.2} s (min / median / max); read {}",
+            args.status_rate,
+            status.len(),
+            seconds[0],
+            seconds[seconds.len() / 2],
+            seconds[seconds.len() - 1],
+            reads.join(", ")
+        );
+    }
     println!(
         "{}",
         report::Report::new(
@@ -229,6 +347,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
                 first: first.report(),
                 restarts: restarts.iter().map(Start::report).collect(),
                 before: before.as_ref().map(Start::report),
+                status,
             },
         )
         .to_line()

@@ -486,6 +486,23 @@ pub struct History {
     pub restarts: Vec<HistoryStart>,
     /// The `--before` executable's start, when asked.
     pub before: Option<HistoryStart>,
+    /// `status` runs while the stream was written (absent in reports from before they
+    /// were timed).
+    #[serde(default)]
+    pub status: Vec<HistoryStatus>,
+}
+
+/// One `status` run of `history`, timed while cancels were appended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryStatus {
+    /// From start to exit.
+    pub seconds: f64,
+    /// It read up to the end the stream had when it began.
+    pub complete: bool,
+    /// It began at a checkpoint.
+    pub from_checkpoint: bool,
+    /// Entries it read after the checkpoint (or from the start without one).
+    pub entries_after: u64,
 }
 
 /// `plugin`: the archived delayed-message plugin under the same load.

@@ -148,6 +148,95 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
     w.cleanup().await;
 }
 
+/// Retention by need: once a checkpoint holds the live state, a retention policy may cut
+/// every entry before it, and a starting bridge still has every live cancel, including
+/// those whose own entries are gone. (By size here, so that the cut is certain in a test;
+/// docs/operations.md sets it by age.)
+#[tokio::test]
+async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
+    // Small segments, so that a retention can remove the history a segment at a time (the
+    // broker applies a segment size to a stream it creates after the policy is set).
+    let test = "history-retention";
+    let _policy = StreamPolicy::set(test, r#"{"stream-max-segment-size-bytes": 100000}"#);
+    let mut w = World::without_bridge(test).await;
+    let history_at = now_ms();
+    append(&w, history(history_at, 14_000, 50)).await;
+    w.start_bridge().await;
+    let first = w.stats();
+    wait_until("a checkpoint is written", 20 * SEC, || {
+        first.snapshot().checkpoints == 1
+    })
+    .await;
+    w.stop_bridge().await;
+    let later: Vec<_> = (0..100)
+        .map(|i| {
+            let id = message_id(&format!("later-{i}")).unwrap();
+            (tombstone_properties(id, now_ms(), None), Vec::new())
+        })
+        .collect();
+    append(&w, later).await;
+    // Keep about the newest 600 kB (a few segments): the checkpoint and what follows it,
+    // not the 14 000 entries of history before it.
+    let _policy = StreamPolicy::set(
+        test,
+        r#"{"stream-max-segment-size-bytes": 100000, "max-length-bytes": 600000}"#,
+    );
+    // A stream applies its retention when a segment fills: fill a few.
+    let deadline = std::time::Instant::now() + 60 * SEC;
+    for round in 0.. {
+        let day = 86_400_000;
+        let filler: Vec<_> = (0..200)
+            .map(|i| {
+                let id = message_id(&format!("filler-{round}-{i}")).unwrap();
+                let properties =
+                    tombstone_properties(id, now_ms() - 30 * day, Some(now_ms() - 29 * day));
+                (properties, Vec::new())
+            })
+            .collect();
+        append(&w, filler).await;
+        let first = first_offset(&w).await;
+        if first > 5_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream's head was not cut within 60 s"
+        );
+    }
+    w.start_bridge().await;
+    let restarted = w.stats().snapshot();
+    assert!(
+        restarted.catch_up_entries < 5_000,
+        "from the checkpoint: read {}",
+        restarted.catch_up_entries
+    );
+    assert_eq!(
+        restarted.tombstones, 150,
+        "the history's 50 live cancels (their entries cut) and the 100 after the checkpoint"
+    );
+    // A copy of a cancelled id whose cancel entry left the stream is still dropped.
+    let mut properties = with_delay(300).with_message_id("history-7".into());
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        "x-published-at".into(),
+        AMQPValue::LongLongInt((history_at - 120_000) as i64),
+    );
+    properties = properties.with_headers(headers);
+    w.publish("rk.cancelled", b"history-7", properties).await;
+    w.publish(
+        "rk.sentinel",
+        b"sentinel",
+        with_delay(500).with_message_id("sentinel".into()),
+    )
+    .await;
+    let arrived = w.recv_within(10 * SEC).await;
+    assert_eq!(
+        arrived.body, b"sentinel",
+        "the cancelled copy never arrives"
+    );
+    w.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
     let mut w = World::without_bridge("history-crash").await;
@@ -216,6 +305,16 @@ async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
 
 /// The stream offset of the entry whose `message_id` is `id`.
 async fn offset_of(w: &World, id: &str) -> u64 {
+    offset_where(w, |message_id| message_id == Some(id)).await
+}
+
+/// The offset of the first entry the stream still holds.
+async fn first_offset(w: &World) -> u64 {
+    offset_where(w, |_| true).await
+}
+
+/// The stream offset of the first entry whose `message_id` `found` accepts.
+async fn offset_where(w: &World, found: impl Fn(Option<&str>) -> bool) -> u64 {
     use futures::StreamExt;
     let channel = w.sandbox.channel().await.unwrap();
     channel
@@ -237,13 +336,13 @@ async fn offset_of(w: &World, id: &str) -> u64 {
                 .ack(lapin::options::BasicAckOptions::default())
                 .await
                 .unwrap();
-            if delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|m| m.as_str())
-                == Some(id)
-            {
+            if found(
+                delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|m| m.as_str()),
+            ) {
                 let headers = delivery.properties.headers().clone().unwrap();
                 return match headers.inner().get("x-stream-offset") {
                     Some(AMQPValue::LongLongInt(o)) => *o as u64,
@@ -257,6 +356,42 @@ async fn offset_of(w: &World, id: &str) -> u64 {
     .expect("found within 20 s");
     let _ = channel.close(200, "found".into()).await;
     offset
+}
+
+/// A policy on the cancel streams of the worlds of test `test`, cleared when dropped (as an
+/// operator sets one: docs/operations.md, "Retention by need").
+struct StreamPolicy {
+    name: String,
+}
+
+impl StreamPolicy {
+    /// Sets (or replaces) the policy `definition` (JSON) on the cancel stream of every
+    /// world of `test` (`Setup::new(test)` names them `test-<test>-<8 hex digits>`).
+    fn set(test: &str, definition: &str) -> StreamPolicy {
+        let name = format!("test-{test}-retention");
+        let pattern = format!("^test-{test}-[0-9a-f]{{8}}\\.cancel$");
+        let out = rabbitmqctl()
+            .args([
+                "set_policy",
+                "--apply-to",
+                "queues",
+                "--priority",
+                "100",
+                &name,
+                &pattern,
+                definition,
+            ])
+            .output()
+            .expect("rabbitmqctl runs");
+        assert!(out.status.success(), "set_policy: {out:?}");
+        StreamPolicy { name }
+    }
+}
+
+impl Drop for StreamPolicy {
+    fn drop(&mut self) {
+        let _ = rabbitmqctl().args(["clear_policy", &self.name]).output();
+    }
 }
 
 /// `line` with every run of digits as `N`.

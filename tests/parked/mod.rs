@@ -315,3 +315,63 @@ async fn a_parked_message_the_client_cannot_read_is_listed_as_it_came_and_can_be
     wait_for_depth(&w, &parked_queue, 1, 10 * SEC).await;
     w.cleanup().await;
 }
+
+/// `parked list` on a parked queue something keeps parking into reads what the queue held
+/// when it began, then returns: it never chases the tail.
+#[tokio::test]
+async fn listing_a_parked_queue_that_keeps_growing_returns() {
+    let w = World::start(Setup {
+        watch_parked: false,
+        start_bridge: false,
+        ..Setup::new("parked-growing")
+    })
+    .await;
+    let parked_queue = w.config.names.parked_queue();
+    for i in 0..500 {
+        let props = BasicProperties::default().with_message_id(format!("before-{i}").into());
+        publish_to(&w.publisher, "", &parked_queue, b"parked", props).await;
+    }
+    wait_for_depth(&w, &parked_queue, 500, 30 * SEC).await;
+    // A writer that parks a message every 2 ms for as long as the listing runs.
+    let writer = w.sandbox.channel().await.unwrap();
+    writer
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writing = tokio::spawn({
+        let stop = stop.clone();
+        let parked_queue = parked_queue.clone();
+        async move {
+            let mut written = 0u64;
+            while !stop.is_cancelled() && written < 20_000 {
+                let props =
+                    BasicProperties::default().with_message_id(format!("during-{written}").into());
+                publish_to(&writer, "", &parked_queue, b"parked", props).await;
+                written += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            written
+        }
+    });
+    let config = w.config_file(4000);
+    let began = Instant::now();
+    // A filter nothing matches: every message the listing may read is read.
+    let (ok, list) = parked_json(&config, &["list", "--message-id", "none-such"]).await;
+    let took = began.elapsed();
+    stop.cancel();
+    let written = writing.await.unwrap();
+    assert!(ok, "{list:#}");
+    assert!(took < 10 * SEC, "parked list took {took:?}");
+    let held = list["held"].as_u64().unwrap();
+    let scanned = list["scanned"].as_u64().unwrap();
+    assert!(
+        (500..=500 + written).contains(&held),
+        "held {held}, written during {written}: {list:#}"
+    );
+    assert_eq!(scanned, held, "{list:#}");
+    assert_eq!(selected(&list), 0, "{list:#}");
+    // Nothing was taken: what was parked is all still there.
+    wait_for_depth(&w, &parked_queue, 500 + written, 30 * SEC).await;
+    w.cleanup().await;
+}
