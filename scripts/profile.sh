@@ -12,6 +12,10 @@
 #   bash scripts/profile.sh                      # RabbitMQ 3.x on 5672, steady 2000 msg/s
 #   bash scripts/profile.sh 3 baseline           # the plain transit at 2000 msg/s
 #   bash scripts/profile.sh 4 --rate 1000        # RabbitMQ 4.x on 5673, other steady options
+# With PROFILE_RECORD=1 the bridge is also sampled (`perf record -F 999`, no call graphs) over
+# the same window, and its samples are printed by where they fall: the kernel, libc, and in
+# the binary by the crate of the function (lapin and amq_protocol, tokio, delay_bridge, std
+# and the rest by name); the data stays in target/profile-bridge.data for `perf report`.
 # With PROFILE_EPROF=<part of a queue name> (for example `.work`, or `baseline`), the queue
 # process whose name contains it is then traced for PROFILE_EPROF_SECONDS (5) with Erlang's
 # eprof, and its busiest functions are printed by calls, with their calls per delivery the
@@ -88,6 +92,10 @@ perf_bridge=""
 if [ -n "$bridge" ]; then
   perf stat -e "$events" -p "$bridge" -o /dev/stdout -- sleep "$seconds" | sed 's/^/bridge: /' &
   perf_bridge=$!
+  if [ "${PROFILE_RECORD:-}" = 1 ]; then
+    perf record -q -F 999 -p "$bridge" -o target/profile-bridge.data -- sleep "$seconds" 2>/dev/null &
+    perf_bridge="$perf_bridge $!"
+  fi
 fi
 "${ctl[@]}" eval "
 Snap = fun() -> maps:from_list([{P, R} || P <- erlang:processes(), {reductions, R} <- [erlang:process_info(P, reductions)]]) end,
@@ -135,6 +143,26 @@ end." >/dev/null
     echo "  deliveries (rabbit_queue_consumers:deliver_to_consumer/3): ${deliveries:-0}"
     rm -f "$local_log"
   fi
+fi
+if [ "${PROFILE_RECORD:-}" = 1 ] && [ -f target/profile-bridge.data ]; then
+  echo "bridge samples by where they fall (perf record -F 999 over the window; share of all samples):"
+  # Each line: percent, shared object, symbol. A Rust symbol's crate is its first path
+  # segment (inside the leading `<` of a trait method's `<Type as Trait>::method`).
+  perf report -i target/profile-bridge.data --no-children --sort dso,sym --stdio -g none 2>/dev/null |
+    awk '$1 ~ /%$/ {
+      pct = $1; sub(/%$/, "", pct); dso = $2; sym = ""
+      for (i = 4; i <= NF; i++) sym = sym (i > 4 ? " " : "") $i
+      if (dso ~ /kernel/) where = "kernel"
+      else if (dso ~ /^libc/) where = "libc (allocation, memcpy, locks)"
+      else if (dso !~ /delay-bridge/) where = dso
+      else {
+        s = sym; sub(/^<+/, "", s); sub(/^&(mut )?/, "", s); split(s, part, "::"); where = part[1]
+        if (where ~ /^(lapin|amq_protocol)/) where = "lapin, amq_protocol (AMQP client and codec)"
+        else if (where ~ /^(core|alloc|std)$/) where = "std (core, alloc, std)"
+      }
+      total[where] += pct
+    }
+    END { for (w in total) printf "  %6.2f%%  %s\n", total[w], w }' | sort -k1,1nr | head -15
 fi
 after=$(threads)
 broker_after=$(broker_threads)

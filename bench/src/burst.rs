@@ -4,16 +4,14 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use delay_bridge_bench::report;
 
-use delay_bridge::amqp;
-use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 
 use super::baseline::{Baseline, BaselineArgs};
 use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
-use super::load::{Collector, due_at, publish};
+use super::load::due_at_once;
 use super::{Spread, Target, bridge_description, mib, print_report, print_targets};
 use delay_bridge::sandbox::{Sandbox, TargetBinding};
 
@@ -151,32 +149,13 @@ async fn measure(
     let start = process.usage()?;
     let broker_start = broker_cpu_now(baseline)?;
     let machine = super::MachineCpu::now();
-    let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
-    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
-    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
-    let due_ms = now_ms() + lead.as_millis() as u64;
-    let ingress = sandbox.ingress.clone();
-    let published = publish(&channel, count, None, |seq| {
-        due_at(&ingress, seq, due_ms, args.body_size)
-    })
-    .await?;
-    if published.confirmed_us > due_ms * 1000 {
-        bail!(
-            "publishing the burst took longer than its {:.1} s lead; the due instant passed first",
-            lead.as_secs_f64()
-        );
-    }
-    let deadline = tokio::time::Instant::now()
-        + lead
-        + Duration::from_secs(60)
-        + Duration::from_millis(count / 100);
-    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let sent = due_at_once(sandbox, count, lead, args.body_size).await?;
+    let (arrivals, due_ms, published) = (sent.arrivals, sent.due_ms, sent.published);
     let end = process.usage()?;
     let broker_end = broker_cpu_now(baseline)?;
     let bridge = start.until(&end);
     process.stop().await?;
     let machine_busy = machine.busy_since(&super::MachineCpu::now());
-    let _ = consumer.close(200, "done".into()).await;
     Ok(Measured {
         machine_busy,
         arrivals,

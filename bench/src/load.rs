@@ -318,6 +318,54 @@ impl Collector {
     }
 }
 
+/// What [`due_at_once`] sent and what arrived.
+pub struct AtOnce {
+    /// The instant they were all due, epoch ms.
+    pub due_ms: u64,
+    /// When publishing began and the last confirm came.
+    pub published: Published,
+    /// What arrived at the target.
+    pub arrivals: Arrivals,
+}
+
+/// Publishes `count` messages of `body_size` bytes, all due `lead` from now, to the
+/// sandbox's ingress, and collects them at its target (on a connection of their own) until
+/// all arrived or a minute past the due instant (plus 10 ms per hundred messages). An
+/// error when publishing took longer than `lead`.
+pub async fn due_at_once(
+    sandbox: &delay_bridge::sandbox::Sandbox,
+    count: u64,
+    lead: Duration,
+    body_size: usize,
+) -> Result<AtOnce> {
+    let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
+    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
+    let channel = confirm_channel(&sandbox.conn).await?;
+    let due_ms = delay_bridge::clock::now_ms() + lead.as_millis() as u64;
+    let ingress = sandbox.ingress.clone();
+    let published = publish(&channel, count, None, |seq| {
+        due_at(&ingress, seq, due_ms, body_size)
+    })
+    .await?;
+    if published.confirmed_us > due_ms * 1000 {
+        bail!(
+            "publishing {count} messages took longer than their {:.1} s lead; the due instant passed first",
+            lead.as_secs_f64()
+        );
+    }
+    let deadline = tokio::time::Instant::now()
+        + lead
+        + Duration::from_secs(60)
+        + Duration::from_millis(count / 100);
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let _ = consumer.close(200, "done".into()).await;
+    Ok(AtOnce {
+        due_ms,
+        published,
+        arrivals,
+    })
+}
+
 /// A persistent message to a route's ingress exchange, due at `due_ms` (epoch ms, header
 /// `x-deliver-at`), stamped with its due time.
 pub fn due_at(ingress: &str, seq: u64, due_ms: u64, body_size: usize) -> Outgoing {

@@ -20,7 +20,7 @@ use delay_bridge::ladder::{format_duration, parse_duration};
 use super::baseline::{Baseline, BaselineArgs};
 use super::broker_memory::Ctl;
 use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
-use super::load::{Collector, due_at, publish};
+use super::load::{due_at, due_at_once, publish};
 use super::{Target, bridge_description, mib, print_targets, target_rows};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, queue_counts};
 
@@ -195,28 +195,8 @@ async fn drain_sample(
     lead: Duration,
 ) -> Result<report::PendingSample> {
     let count = args.sample;
-    let consumer =
-        delay_bridge::amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
-    let collector = Collector::start(&consumer, &sandbox.target_queue, count).await?;
-    let channel = crate::load::confirm_channel(&sandbox.conn).await?;
-    let due_ms = now_ms() + lead.as_millis() as u64;
-    let ingress = sandbox.ingress.clone();
-    let published = publish(&channel, count, None, |seq| {
-        due_at(&ingress, seq, due_ms, args.body_size)
-    })
-    .await?;
-    if published.confirmed_us > due_ms * 1000 {
-        bail!(
-            "publishing the sample took longer than its {:.1} s lead; the due instant passed first",
-            lead.as_secs_f64()
-        );
-    }
-    let deadline = tokio::time::Instant::now()
-        + lead
-        + Duration::from_secs(60)
-        + Duration::from_millis(count / 100);
-    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
-    let _ = consumer.close(200, "done".into()).await;
+    let sent = due_at_once(sandbox, count, lead, args.body_size).await?;
+    let (arrivals, due_ms) = (sent.arrivals, sent.due_ms);
     let drain_s = (arrivals.last_us as f64 / 1e6 - due_ms as f64 / 1e3).max(0.0);
     eprintln!(
         "  sample of {count} due at one instant beside {pending} pending: {} arrived, drained {drain_s:.2} s after the due instant",

@@ -120,30 +120,14 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
     assert_eq!(shown(&text), shown(&docs), "status printed:\n{text}");
     // A copy of a cancelled id that entered before its cancel is dropped, from the
     // checkpoint and from after it.
-    for (id, entered_at) in [
-        ("history-7", history_at - 120_000),
-        ("after-the-checkpoint", cancelled_at - 1_000),
-    ] {
-        let mut properties = with_delay(300).with_message_id(id.into());
-        let mut headers = properties.headers().clone().unwrap_or_default();
-        headers.insert(
-            "x-published-at".into(),
-            AMQPValue::LongLongInt(entered_at as i64),
-        );
-        properties = properties.with_headers(headers);
-        w.publish("rk.cancelled", id.as_bytes(), properties).await;
-    }
-    w.publish(
-        "rk.sentinel",
-        b"sentinel",
-        with_delay(500).with_message_id("sentinel".into()),
+    assert_only_the_sentinel_arrives(
+        &mut w,
+        &[
+            ("history-7", history_at - 120_000),
+            ("after-the-checkpoint", cancelled_at - 1_000),
+        ],
     )
     .await;
-    let arrived = w.recv_within(10 * SEC).await;
-    assert_eq!(
-        arrived.body, b"sentinel",
-        "the cancelled copies never arrive"
-    );
     assert_eq!(w.stats().snapshot().cancelled, 2);
     w.cleanup().await;
 }
@@ -161,13 +145,7 @@ async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
     let mut w = World::without_bridge(test).await;
     let history_at = now_ms();
     append(&w, history(history_at, 14_000, 50)).await;
-    w.start_bridge().await;
-    let first = w.stats();
-    wait_until("a checkpoint is written", 20 * SEC, || {
-        first.snapshot().checkpoints == 1
-    })
-    .await;
-    w.stop_bridge().await;
+    a_bridge_writes_a_checkpoint(&mut w).await;
     let later: Vec<_> = (0..100)
         .map(|i| {
             let id = message_id(&format!("later-{i}")).unwrap();
@@ -215,25 +193,7 @@ async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
         "the history's 50 live cancels (their entries cut) and the 100 after the checkpoint"
     );
     // A copy of a cancelled id whose cancel entry left the stream is still dropped.
-    let mut properties = with_delay(300).with_message_id("history-7".into());
-    let mut headers = properties.headers().clone().unwrap_or_default();
-    headers.insert(
-        "x-published-at".into(),
-        AMQPValue::LongLongInt((history_at - 120_000) as i64),
-    );
-    properties = properties.with_headers(headers);
-    w.publish("rk.cancelled", b"history-7", properties).await;
-    w.publish(
-        "rk.sentinel",
-        b"sentinel",
-        with_delay(500).with_message_id("sentinel".into()),
-    )
-    .await;
-    let arrived = w.recv_within(10 * SEC).await;
-    assert_eq!(
-        arrived.body, b"sentinel",
-        "the cancelled copy never arrives"
-    );
+    assert_only_the_sentinel_arrives(&mut w, &[("history-7", history_at - 120_000)]).await;
     w.cleanup().await;
 }
 
@@ -241,13 +201,7 @@ async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
 async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
     let mut w = World::without_bridge("history-crash").await;
     append(&w, history(now_ms(), 14_000, 50)).await;
-    w.start_bridge().await;
-    let first = w.stats();
-    wait_until("a checkpoint is written", 20 * SEC, || {
-        first.snapshot().checkpoints == 1
-    })
-    .await;
-    w.stop_bridge().await;
+    a_bridge_writes_a_checkpoint(&mut w).await;
     // A writer that crashed after its begin entry and one of three parts, naming a cancel
     // that was never made; then a cancel made after it.
     let ghost = checkpoint::encode_part(&[checkpoint::Record::Cancel {
@@ -301,6 +255,43 @@ async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
     assert!(third.catch_up_entries > 14_000, "read from the start");
     assert_eq!(third.tombstones, 51);
     w.cleanup().await;
+}
+
+/// Starts a bridge on the world's history, waits for its first checkpoint, and stops it.
+async fn a_bridge_writes_a_checkpoint(w: &mut World) {
+    w.start_bridge().await;
+    let first = w.stats();
+    wait_until("a checkpoint is written", 20 * SEC, || {
+        first.snapshot().checkpoints == 1
+    })
+    .await;
+    w.stop_bridge().await;
+}
+
+/// Publishes a copy of each cancelled `(id, entered_at)` (`x-published-at` before its
+/// cancel), then a sentinel due after them: the sentinel is what arrives first.
+async fn assert_only_the_sentinel_arrives(w: &mut World, cancelled: &[(&str, u64)]) {
+    for (id, entered_at) in cancelled {
+        let mut properties = with_delay(300).with_message_id((*id).into());
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-published-at".into(),
+            AMQPValue::LongLongInt(*entered_at as i64),
+        );
+        properties = properties.with_headers(headers);
+        w.publish("rk.cancelled", id.as_bytes(), properties).await;
+    }
+    w.publish(
+        "rk.sentinel",
+        b"sentinel",
+        with_delay(500).with_message_id("sentinel".into()),
+    )
+    .await;
+    let arrived = w.recv_within(10 * SEC).await;
+    assert_eq!(
+        arrived.body, b"sentinel",
+        "the cancelled copies never arrive"
+    );
 }
 
 /// The stream offset of the entry whose `message_id` is `id`.

@@ -333,11 +333,7 @@ async fn listing_a_parked_queue_that_keeps_growing_returns() {
     }
     wait_for_depth(&w, &parked_queue, 500, 30 * SEC).await;
     // A writer that parks a message every 2 ms for as long as the listing runs.
-    let writer = w.sandbox.channel().await.unwrap();
-    writer
-        .confirm_select(lapin::options::ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let writer = w.confirm_channel().await;
     let stop = tokio_util::sync::CancellationToken::new();
     let writing = tokio::spawn({
         let stop = stop.clone();

@@ -231,11 +231,7 @@ async fn status_returns_while_the_cancel_stream_is_written() {
     use delay_bridge::cancel::{message_id, tombstone_properties};
     let w = World::start(Setup::new("status-busy-stream")).await;
     let stream = w.config.names.cancel_stream();
-    let writer = w.sandbox.channel().await.unwrap();
-    writer
-        .confirm_select(lapin::options::ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let writer = w.confirm_channel().await;
     let stop = tokio_util::sync::CancellationToken::new();
     let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let appending = {

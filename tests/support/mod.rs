@@ -401,6 +401,17 @@ impl World {
         self.sandbox.finish().await.expect("the test cleans up");
     }
 
+    /// A new channel on the world's connection in publisher-confirm mode (for
+    /// [`publish_to`] from a task of the test's own).
+    pub async fn confirm_channel(&self) -> Channel {
+        let channel = self.sandbox.channel().await.expect("a channel");
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .expect("confirm mode");
+        channel
+    }
+
     /// This world's config with another prefetch, written for a child process.
     pub fn config_file(&self, prefetch: u32) -> ConfigFile {
         self.config_file_with(|config| {
