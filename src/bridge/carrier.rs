@@ -11,11 +11,12 @@ use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use self::settling::{Destination, Next, Settled, Settling};
 use super::inlet::{Inlet, Tag};
 use super::refusals::TargetRefusals;
 use super::turns::{Lane, Lanes};
 use super::{BridgeError, Shared};
-use crate::amqp::disposition::{Culprit, Disposition, Refusal, Whose, whose};
+use crate::amqp::disposition::{Culprit, Disposition, Refusal};
 use crate::amqp::publisher::{PublishError, Publisher};
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::targets::{Share, TargetChannels};
@@ -32,6 +33,7 @@ use crate::recurring::{self, Delivering, Occurrence, Recurrence};
 
 mod bundles;
 mod planner;
+mod settling;
 mod unreadable;
 
 use planner::{Decision, Rules, Situation};
@@ -126,16 +128,6 @@ enum Prepared {
     Unreadable(Box<wire::Raw>, Vec<u8>),
 }
 
-/// Where a publish goes: the bridge's own topology (a level or the parked queue), or a
-/// route's target exchange.
-#[derive(Clone, Copy)]
-enum Destination<'a> {
-    /// A level or the parked queue, named for logs.
-    Own(&'a str),
-    /// A target exchange.
-    Target(&'a str),
-}
-
 /// One message to publish until the broker settles it.
 struct Attempt<'a> {
     /// The delivery it replaces (held while it backs off).
@@ -185,22 +177,6 @@ impl<'a> Attempt<'a> {
     }
 }
 
-/// How the broker settled a publish.
-enum Settled {
-    /// Routed: the message is where it belongs.
-    Routed,
-    /// It cannot go there: park it with this reason.
-    Park(Parked),
-    /// The bridge is stopping: give the delivery back.
-    Release,
-    /// A new session is needed.
-    Failed(BridgeError),
-}
-
-/// Refusals that were this message's (see [`Culprit`]) before it is parked.
-const REFUSED_ATTEMPTS: u32 = 3;
-/// Lost channels tolerated for one publish before the session is renewed.
-const LOST_ATTEMPTS: u32 = 3;
 /// The longest pause between two attempts.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
@@ -1061,30 +1037,11 @@ impl Carrier {
         }
     }
 
-    /// Publishes until the broker settles the message one way or another, deciding each
-    /// attempt's [`Disposition`] the same way for every destination:
-    ///
-    /// - routed: done;
-    /// - returned: a target parks it `unroutable`; the bridge's own queue missing means a
-    ///   new session (it redeclares);
-    /// - nacked: back off and retry; a target that refuses longer than
-    ///   `bridge.target_full_timeout` parks it `target-full`;
-    /// - refused (403, 404, 406): every publish pending on the closed channel got the same
-    ///   error, so the [`Culprit`] decides whose it is. A target missing or forbidden (404,
-    ///   403 on its own channel) refuses every message alike: each counts it, and for
-    ///   [`refusals::MEMORY`](super::refusals::MEMORY) the messages after it count that
-    ///   refusal without asking again. A size refusal is this message's when the size is
-    ///   its body's; any other 406 is tried on a private channel to find out (at most
-    ///   [`ISOLATED_AT_ONCE`](crate::amqp::targets::ISOLATED_AT_ONCE) at a time). Refused
-    ///   [`REFUSED_ATTEMPTS`] times, a target parks it with the refusal's reason, and so
-    ///   does the bridge's own topology for `too-large` (anything else there is a
-    ///   configuration fault: a new session, logged);
-    /// - lost (channel or connection gone or not opened, no confirm in time): retry, then a
-    ///   new session.
-    ///
-    /// While it backs off the delivery counts as held, so the acks of others go on.
+    /// Publishes until the broker settles the message one way or another: each attempt's
+    /// answer goes to a [`Settling`], which decides (see `settling` for the policy); this
+    /// publishes, pauses between attempts (100 ms doubling to 5 s, with jitter) and counts.
+    /// While it pauses the delivery counts as held, so the acks of others go on.
     async fn publish_until_settled(&self, attempt: Attempt<'_>) -> Settled {
-        let config = &self.shared.config;
         if !contract::fits_frame(&attempt.properties, self.frame_max) {
             return Settled::Park(Parked::new(
                 ParkReason::TooLarge,
@@ -1095,116 +1052,23 @@ impl Carrier {
                 ),
             ));
         }
+        let mut settling = Settling::new(
+            attempt.destination,
+            attempt.routing_key.as_str(),
+            attempt.body.len() as u64,
+            self.shared.config.target_full_timeout,
+        );
         let mut delays = retry_delays();
-        let mut lost = 0u32;
-        let mut refused = 0u32;
-        let mut blamed_others = 0u32;
-        let mut alone = false;
-        let mut nacked_since = None;
         loop {
-            // A remembered refusal is not noted again: it lapses on time, and the next
-            // publish asks the target anew.
-            let disposition = match self.remembered_refusal(&attempt, alone) {
-                Some(remembered) => Disposition::Refused(remembered),
-                None => {
-                    // The messages of a bundle take turns with other bundles', so that one
-                    // due now need not wait behind every message of a burst; the turn
-                    // ends with the attempt, so a backoff holds none.
-                    let _turn = match attempt.lane {
-                        Some(lane) => tokio::select! {
-                            turn = lane.turn() => Some(turn),
-                            _ = self.stop.cancelled() => return Settled::Release,
-                        },
-                        None => None,
-                    };
-                    let answer = self.publish_once(&attempt, alone).await;
-                    if let Destination::Target(target) = attempt.destination {
-                        self.note_answer(target, &answer);
-                    }
-                    match answer {
-                        // A channel that the target's refusal closed under this publish (it
-                        // was already closing): that refusal is this publish's answer too.
-                        Disposition::Lost(_) => self
-                            .remembered_refusal(&attempt, alone)
-                            .map_or(answer, Disposition::Refused),
-                        answer => answer,
-                    }
-                }
+            let Some(disposition) = self.answer(&attempt, settling.alone()).await else {
+                return Settled::Release;
             };
-            match disposition {
-                Disposition::Routed => return Settled::Routed,
-                Disposition::Returned { code, text } => {
-                    return match attempt.destination {
-                        Destination::Target(target) => Settled::Park(Parked::new(
-                            ParkReason::Unroutable,
-                            format!(
-                                "target exchange `{target}` routed routing key `{}` to no queue ({code} {text})",
-                                attempt.routing_key
-                            ),
-                        )),
-                        Destination::Own(what) => {
-                            Settled::Failed(BridgeError::OwnQueueMissing(format!(
-                                "{what} did not take a message ({code} {text}); redeclaring the topology"
-                            )))
-                        }
-                    };
-                }
-                Disposition::Nacked => {
-                    self.shared.stats.nacks.fetch_add(1, Ordering::Relaxed);
-                    let since = *nacked_since.get_or_insert_with(tokio::time::Instant::now);
-                    if let Destination::Target(target) = attempt.destination
-                        && since.elapsed() >= config.target_full_timeout
-                    {
-                        return Settled::Park(Parked::new(
-                            ParkReason::TargetFull,
-                            format!(
-                                "target exchange `{target}` refused the message (nack) for {}",
-                                crate::ladder::format_duration(config.target_full_timeout)
-                            ),
-                        ));
-                    }
-                }
-                Disposition::Refused(Refusal {
-                    reason,
-                    detail,
-                    culprit,
-                    ..
-                }) => {
-                    let exchange_channel = matches!(attempt.destination, Destination::Target(_));
-                    match whose(culprit, exchange_channel, alone, attempt.body.len() as u64) {
-                        // A target refusing every publish alike needs no private channel;
-                        // a message refused for itself goes alone to be sure.
-                        Whose::Ours => {
-                            refused += 1;
-                            alone = culprit != Culprit::Destination || !exchange_channel;
-                        }
-                        // Another size blames another message, but only so often: should
-                        // the broker count a size otherwise, this one must still go alone.
-                        Whose::Others => {
-                            blamed_others += 1;
-                            alone = blamed_others >= REFUSED_ATTEMPTS;
-                        }
-                        Whose::Unknown => alone = true,
-                    }
-                    if refused >= REFUSED_ATTEMPTS {
-                        let detail = format!("refused {refused} times: {detail}");
-                        return match attempt.destination {
-                            Destination::Own(what) if reason != ParkReason::TooLarge => {
-                                tracing::error!("{what} refused a publish: {detail}");
-                                Settled::Failed(BridgeError::OwnQueueMissing(format!(
-                                    "{what} refused a publish ({detail})"
-                                )))
-                            }
-                            _ => Settled::Park(Parked::new(reason, detail)),
-                        };
-                    }
-                }
-                Disposition::Lost(e) => {
-                    lost += 1;
-                    if lost > LOST_ATTEMPTS {
-                        return Settled::Failed(BridgeError::publish("publishing")(e));
-                    }
-                }
+            if matches!(disposition, Disposition::Nacked) {
+                self.shared.stats.nacks.fetch_add(1, Ordering::Relaxed);
+            }
+            match settling.next(disposition, tokio::time::Instant::now()) {
+                Next::Settle(settled) => return settled,
+                Next::Retry => {}
             }
             self.shared.stats.retries.fetch_add(1, Ordering::Relaxed);
             let _ = self.events.send(Event::Held(attempt.tag));
@@ -1215,6 +1079,39 @@ impl Carrier {
                 _ = self.stop.cancelled() => return Settled::Release,
             }
         }
+    }
+
+    /// The broker's answer to one attempt (on a private channel when `alone`), or a
+    /// refusal the target gave a moment ago standing for it; `None` when the bridge stops
+    /// while the attempt waits for its turn.
+    async fn answer(&self, attempt: &Attempt<'_>, alone: bool) -> Option<Disposition> {
+        // A remembered refusal is not noted again: it lapses on time, and the next publish
+        // asks the target anew.
+        if let Some(remembered) = self.remembered_refusal(attempt, alone) {
+            return Some(Disposition::Refused(remembered));
+        }
+        // The messages of a bundle take turns with other bundles', so that one due now need
+        // not wait behind every message of a burst; the turn ends with the attempt, so a
+        // backoff holds none.
+        let _turn = match attempt.lane {
+            Some(lane) => tokio::select! {
+                turn = lane.turn() => Some(turn),
+                _ = self.stop.cancelled() => return None,
+            },
+            None => None,
+        };
+        let answer = self.publish_once(attempt, alone).await;
+        if let Destination::Target(target) = attempt.destination {
+            self.note_answer(target, &answer);
+        }
+        Some(match answer {
+            // A channel that the target's refusal closed under this publish (it was already
+            // closing): that refusal is this publish's answer too.
+            Disposition::Lost(_) => self
+                .remembered_refusal(attempt, alone)
+                .map_or(answer, Disposition::Refused),
+            answer => answer,
+        })
     }
 
     /// The refusal a target gave a moment ago, standing for this attempt without asking the

@@ -1,0 +1,444 @@
+//! The retry / blame / park policy of one publish, apart from I/O: given the broker's answer
+//! to each attempt ([`Disposition`]), whether the publish is settled (routed, parked, given
+//! back, or a new session is needed) or tried again, and whether on a private channel.
+//! `Carrier::publish_until_settled` publishes, sleeps between attempts and counts; every
+//! decision is [`Settling::next`]'s.
+//!
+//! - routed: done;
+//! - returned: a target parks it `unroutable`; the bridge's own queue missing means a new
+//!   session (it redeclares);
+//! - nacked: try again; a target that refuses longer than `bridge.target_full_timeout`
+//!   parks it `target-full`;
+//! - refused (403, 404, 406): every publish pending on the closed channel got the same
+//!   error, so the [`Culprit`] decides whose it is ([`whose`]). Refused [`REFUSED_ATTEMPTS`]
+//!   times for itself, a target parks it with the refusal's reason, and so does the
+//!   bridge's own topology for `too-large` (anything else there is a configuration fault:
+//!   a new session, logged). A refusal naming another message's size blames that one, but
+//!   only [`REFUSED_ATTEMPTS`] times: then this message goes alone to be sure; so does one
+//!   whose culprit is not known;
+//! - lost (channel or connection gone or not opened, no confirm in time): try again, and
+//!   after [`LOST_ATTEMPTS`] a new session.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::BridgeError;
+use crate::amqp::disposition::{Culprit, Disposition, Refusal, Whose, whose};
+use crate::contract::{ParkReason, Parked};
+
+/// Refusals that were this message's (see [`Culprit`]) before it is parked; also how often
+/// another message's size may be blamed before this one goes alone.
+pub(super) const REFUSED_ATTEMPTS: u32 = 3;
+/// Lost attempts tolerated for one publish before the session is renewed.
+pub(super) const LOST_ATTEMPTS: u32 = 3;
+
+/// Where a publish goes: one of the bridge's own queues (through the default exchange or the
+/// bridge's exchanges, on the session's own channel) or a route's target exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Destination<'a> {
+    /// A level, the returns or parked queue, the cancel stream: named for logs.
+    Own(&'a str),
+    /// A target exchange.
+    Target(&'a str),
+}
+
+/// How the broker settled a publish.
+#[derive(Debug)]
+pub(super) enum Settled {
+    /// Routed: the message is where it belongs.
+    Routed,
+    /// It cannot go there: park it with this reason.
+    Park(Parked),
+    /// The bridge is stopping: give the delivery back.
+    Release,
+    /// A new session is needed.
+    Failed(BridgeError),
+}
+
+/// What to do after an attempt.
+#[derive(Debug)]
+pub(super) enum Next {
+    /// The publish is settled.
+    Settle(Settled),
+    /// Publish again after a pause (on a private channel when [`Settling::alone`] says so).
+    Retry,
+}
+
+/// The state of one publish between attempts.
+#[derive(Debug)]
+pub(super) struct Settling<'a> {
+    destination: Destination<'a>,
+    routing_key: &'a str,
+    body_len: u64,
+    target_full_timeout: Duration,
+    lost: u32,
+    refused: u32,
+    blamed_others: u32,
+    alone: bool,
+    nacked_since: Option<Instant>,
+}
+
+impl<'a> Settling<'a> {
+    /// A publish of a `body_len`-byte body with `routing_key` to `destination`; a target
+    /// nacking it for `target_full_timeout` parks it.
+    pub(super) fn new(
+        destination: Destination<'a>,
+        routing_key: &'a str,
+        body_len: u64,
+        target_full_timeout: Duration,
+    ) -> Self {
+        Self {
+            destination,
+            routing_key,
+            body_len,
+            target_full_timeout,
+            lost: 0,
+            refused: 0,
+            blamed_others: 0,
+            alone: false,
+            nacked_since: None,
+        }
+    }
+
+    /// True when the next attempt goes on a private channel (to learn whether a refusal is
+    /// this message's).
+    pub(super) fn alone(&self) -> bool {
+        self.alone
+    }
+
+    /// What follows an attempt the broker answered with `disposition` at `now`.
+    pub(super) fn next(&mut self, disposition: Disposition, now: Instant) -> Next {
+        match disposition {
+            Disposition::Routed => Next::Settle(Settled::Routed),
+            Disposition::Returned { code, text } => Next::Settle(self.returned(code, &text)),
+            Disposition::Nacked => {
+                let since = *self.nacked_since.get_or_insert(now);
+                match self.destination {
+                    Destination::Target(target)
+                        if now.saturating_duration_since(since) >= self.target_full_timeout =>
+                    {
+                        Next::Settle(Settled::Park(Parked::new(
+                            ParkReason::TargetFull,
+                            format!(
+                                "target exchange `{target}` refused the message (nack) for {}",
+                                crate::ladder::format_duration(self.target_full_timeout)
+                            ),
+                        )))
+                    }
+                    _ => Next::Retry,
+                }
+            }
+            Disposition::Refused(refusal) => self.refused(refusal),
+            Disposition::Lost(e) => {
+                self.lost += 1;
+                if self.lost > LOST_ATTEMPTS {
+                    Next::Settle(Settled::Failed(BridgeError::publish("publishing")(e)))
+                } else {
+                    Next::Retry
+                }
+            }
+        }
+    }
+
+    /// A publish confirmed but routed to no queue.
+    fn returned(&self, code: u16, text: &str) -> Settled {
+        match self.destination {
+            Destination::Target(target) => Settled::Park(Parked::new(
+                ParkReason::Unroutable,
+                format!(
+                    "target exchange `{target}` routed routing key `{}` to no queue ({code} {text})",
+                    self.routing_key
+                ),
+            )),
+            Destination::Own(what) => Settled::Failed(BridgeError::OwnQueueMissing(format!(
+                "{what} did not take a message ({code} {text}); redeclaring the topology"
+            ))),
+        }
+    }
+
+    /// A channel closed under the publish with a code that blames a message or its
+    /// destination.
+    fn refused(&mut self, refusal: Refusal) -> Next {
+        let Refusal {
+            reason,
+            detail,
+            culprit,
+            ..
+        } = refusal;
+        let exchange_channel = matches!(self.destination, Destination::Target(_));
+        match whose(culprit, exchange_channel, self.alone, self.body_len) {
+            // A target refusing every publish alike needs no private channel; a message
+            // refused for itself goes alone to be sure.
+            Whose::Ours => {
+                self.refused += 1;
+                self.alone = culprit != Culprit::Destination || !exchange_channel;
+            }
+            // Another size blames another message, but only so often: should the broker
+            // count a size otherwise, this one must still go alone.
+            Whose::Others => {
+                self.blamed_others += 1;
+                self.alone = self.blamed_others >= REFUSED_ATTEMPTS;
+            }
+            Whose::Unknown => self.alone = true,
+        }
+        if self.refused < REFUSED_ATTEMPTS {
+            return Next::Retry;
+        }
+        let detail = format!("refused {} times: {detail}", self.refused);
+        Next::Settle(match self.destination {
+            Destination::Own(what) if reason != ParkReason::TooLarge => {
+                tracing::error!("{what} refused a publish: {detail}");
+                Settled::Failed(BridgeError::OwnQueueMissing(format!(
+                    "{what} refused a publish ({detail})"
+                )))
+            }
+            _ => Settled::Park(Parked::new(reason, detail)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amqp::publisher::PublishError;
+    use proptest::prelude::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    fn refusal(reason: ParkReason, culprit: Culprit) -> Disposition {
+        Disposition::Refused(Refusal {
+            reason,
+            code: 406,
+            detail: "closed".into(),
+            culprit,
+        })
+    }
+
+    fn lost() -> Disposition {
+        Disposition::Lost(PublishError::ConfirmTimeout(Duration::from_secs(1)))
+    }
+
+    fn to_target() -> Settling<'static> {
+        Settling::new(Destination::Target("orders"), "rk.1", 100, TIMEOUT)
+    }
+
+    fn to_level() -> Settling<'static> {
+        Settling::new(Destination::Own("level 1s"), "", 100, TIMEOUT)
+    }
+
+    /// What the state settles as, after `dispositions` at `now`; `None` while it retries.
+    fn run(settling: &mut Settling<'_>, dispositions: Vec<Disposition>) -> Option<Settled> {
+        let now = Instant::now();
+        for disposition in dispositions {
+            if let Next::Settle(settled) = settling.next(disposition, now) {
+                return Some(settled);
+            }
+        }
+        None
+    }
+
+    fn parked_reason(settled: Option<Settled>) -> Option<ParkReason> {
+        match settled {
+            Some(Settled::Park(parked)) => Some(parked.reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn routed_settles_at_once() {
+        assert!(matches!(
+            run(&mut to_target(), vec![Disposition::Routed]),
+            Some(Settled::Routed)
+        ));
+    }
+
+    #[test]
+    fn returned_parks_for_a_target_and_renews_the_session_for_the_bridges_own() {
+        let returned = || Disposition::Returned {
+            code: 312,
+            text: "NO_ROUTE".into(),
+        };
+        match run(&mut to_target(), vec![returned()]) {
+            Some(Settled::Park(parked)) => {
+                assert_eq!(parked.reason, ParkReason::Unroutable);
+                assert!(parked.detail.contains("`orders`") && parked.detail.contains("`rk.1`"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            run(&mut to_level(), vec![returned()]),
+            Some(Settled::Failed(BridgeError::OwnQueueMissing(_)))
+        ));
+    }
+
+    #[test]
+    fn a_target_nacking_past_its_timeout_parks_target_full_and_the_bridges_own_never() {
+        let t0 = Instant::now();
+        let mut target = to_target();
+        assert!(matches!(target.next(Disposition::Nacked, t0), Next::Retry));
+        let just_before = t0 + TIMEOUT - Duration::from_millis(1);
+        assert!(matches!(
+            target.next(Disposition::Nacked, just_before),
+            Next::Retry
+        ));
+        assert!(matches!(
+            target.next(Disposition::Nacked, t0 + TIMEOUT),
+            Next::Settle(Settled::Park(Parked {
+                reason: ParkReason::TargetFull,
+                ..
+            }))
+        ));
+        let mut level = to_level();
+        for hours in 0..100 {
+            let at = t0 + Duration::from_secs(3600 * hours);
+            assert!(matches!(level.next(Disposition::Nacked, at), Next::Retry));
+        }
+    }
+
+    #[test]
+    fn a_missing_target_parks_after_three_refusals_on_its_own_channel() {
+        let mut target = to_target();
+        let missing = || refusal(ParkReason::TargetMissing, Culprit::Destination);
+        assert!(run(&mut target, vec![missing(), missing()]).is_none());
+        assert!(!target.alone(), "every publish to it is refused alike");
+        assert_eq!(
+            parked_reason(run(&mut target, vec![missing()])),
+            Some(ParkReason::TargetMissing)
+        );
+    }
+
+    #[test]
+    fn a_size_refusal_is_this_messages_only_when_the_size_is_its_bodys() {
+        let mut own_size = to_target();
+        let too_large = |size| refusal(ParkReason::TooLarge, Culprit::SizeOf(size));
+        assert!(run(&mut own_size, vec![too_large(100)]).is_none());
+        assert!(own_size.alone(), "then alone, to be sure");
+        assert_eq!(
+            parked_reason(run(&mut own_size, vec![too_large(100), too_large(100)])),
+            Some(ParkReason::TooLarge)
+        );
+        // Another size blames another message three times; then this one goes alone, where
+        // any refusal is its own.
+        let mut other_size = to_target();
+        assert!(run(&mut other_size, vec![too_large(7), too_large(7)]).is_none());
+        assert!(!other_size.alone());
+        assert!(run(&mut other_size, vec![too_large(7)]).is_none());
+        assert!(other_size.alone());
+        assert_eq!(
+            parked_reason(run(
+                &mut other_size,
+                vec![too_large(7), too_large(7), too_large(7)]
+            )),
+            Some(ParkReason::TooLarge)
+        );
+    }
+
+    #[test]
+    fn an_unknown_culprit_sends_the_message_alone() {
+        let mut target = to_target();
+        let some = || refusal(ParkReason::TargetRefused, Culprit::SomeMessage);
+        assert!(run(&mut target, vec![some()]).is_none());
+        assert!(target.alone());
+    }
+
+    #[test]
+    fn the_bridges_own_queue_parks_too_large_and_renews_the_session_for_anything_else() {
+        let too_large = || refusal(ParkReason::TooLarge, Culprit::SizeOf(100));
+        assert_eq!(
+            parked_reason(run(&mut to_level(), (0..3).map(|_| too_large()).collect())),
+            Some(ParkReason::TooLarge)
+        );
+        // On the session's shared channel a missing exchange could be any publish's: the
+        // first refusal sends it alone, and three there make it a configuration fault.
+        let missing = || refusal(ParkReason::TargetMissing, Culprit::Destination);
+        let mut level = to_level();
+        assert!(run(&mut level, vec![missing()]).is_none());
+        assert!(level.alone());
+        assert!(matches!(
+            run(&mut level, (0..3).map(|_| missing()).collect()),
+            Some(Settled::Failed(BridgeError::OwnQueueMissing(_)))
+        ));
+    }
+
+    #[test]
+    fn lost_attempts_renew_the_session_after_three() {
+        let mut level = to_level();
+        assert!(run(&mut level, (0..LOST_ATTEMPTS).map(|_| lost()).collect()).is_none());
+        assert!(matches!(
+            run(&mut level, vec![lost()]),
+            Some(Settled::Failed(_))
+        ));
+    }
+
+    /// Any answer but a nack, as the broker may give it.
+    fn answer() -> impl Strategy<Value = u8> {
+        0u8..8
+    }
+
+    fn disposition(kind: u8) -> Disposition {
+        match kind {
+            0 => Disposition::Routed,
+            1 => Disposition::Returned {
+                code: 312,
+                text: "NO_ROUTE".into(),
+            },
+            2 => refusal(ParkReason::TargetMissing, Culprit::Destination),
+            3 => refusal(ParkReason::TargetRefused, Culprit::Destination),
+            4 => refusal(ParkReason::TooLarge, Culprit::SizeOf(100)),
+            5 => refusal(ParkReason::TooLarge, Culprit::SizeOf(7)),
+            6 => refusal(ParkReason::TargetRefused, Culprit::SomeMessage),
+            _ => lost(),
+        }
+    }
+
+    proptest! {
+        /// Without nacks (which a target's timeout bounds), every publish settles within
+        /// a bounded number of attempts: three lost, two refusals of its own and three
+        /// blaming others at most go by unsettled.
+        #[test]
+        fn every_publish_settles_within_nine_attempts(
+            kinds in proptest::collection::vec(answer(), 9),
+            to_target_exchange in any::<bool>(),
+        ) {
+            let mut settling = if to_target_exchange { to_target() } else { to_level() };
+            let settled = run(&mut settling, kinds.into_iter().map(disposition).collect());
+            prop_assert!(settled.is_some());
+        }
+
+        /// The bridge's own queues never park anything but a message too large for them;
+        /// a target parks only with a refusal's reason, `unroutable` or `target-full`.
+        #[test]
+        fn what_is_parked_has_a_reason_its_destination_can_give(
+            kinds in proptest::collection::vec(answer(), 1..12),
+            to_target_exchange in any::<bool>(),
+        ) {
+            let mut settling = if to_target_exchange { to_target() } else { to_level() };
+            if let Some(reason) = parked_reason(run(&mut settling, kinds.into_iter().map(disposition).collect())) {
+                if to_target_exchange {
+                    prop_assert!(matches!(
+                        reason,
+                        ParkReason::TargetMissing | ParkReason::TargetRefused | ParkReason::TooLarge | ParkReason::Unroutable
+                    ));
+                } else {
+                    prop_assert_eq!(reason, ParkReason::TooLarge);
+                }
+            }
+        }
+
+        /// A routed answer settles as routed whatever came before it.
+        #[test]
+        fn routed_is_routed_after_any_unsettled_answers(
+            kinds in proptest::collection::vec(answer(), 0..8),
+        ) {
+            let mut settling = to_target();
+            let now = Instant::now();
+            for kind in kinds {
+                if let Next::Settle(_) = settling.next(disposition(kind), now) {
+                    return Ok(());
+                }
+            }
+            prop_assert!(matches!(settling.next(Disposition::Routed, now), Next::Settle(Settled::Routed)));
+        }
+    }
+}
