@@ -2,8 +2,7 @@
 # The test command: brings up three brokers, RabbitMQ 3.x (the host's package, 127.0.0.1:5672),
 # 4.0 (Debian trixie's, 127.0.0.1:5673) and 4.3 (Debian sid's, 127.0.0.1:5674), the last two
 # with scripts/debian-broker.sh; checks formatting and lints, runs the unit tests and
-# doctests once and the integration suite against each broker (the two Debian brokers' side
-# by side: DELAY_BRIDGE_SERIAL_BROKERS=1 runs them one after the other), reporting each separately;
+# doctests once and the integration suite against each broker, reporting each separately;
 # checks and unit-tests the alerting rules with promtool (scripts/promtool.sh).
 # The benchmarks' smoke tests need the `bench` feature, so every test run here turns it on.
 # DELAY_BRIDGE_SKIP_RMQ4=1 skips the 4.0 run, DELAY_BRIDGE_SKIP_RMQ43=1 the 4.3 run (each is
@@ -64,61 +63,38 @@ read -r p3 f3 < <(count "$log3")
 summary+=("RabbitMQ $version3 on 5672 (unit, doc and integration tests): $p3 passed, $f3 failed in $((SECONDS - start)) s")
 
 # The integration suite against a broker from a Debian suite (scripts/debian-broker.sh):
-# SUITE AMQP_PORT MANAGEMENT_PORT TLS_PORT. Its output goes to its log; its exit status,
-# counts and time to target/test-result-SUITE (read by add_result).
-debian_suite_targets=(--workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke)
+# SUITE AMQP_PORT MANAGEMENT_PORT TLS_PORT. Adds its line to the summary and its counts to
+# p4 f4.
+p4=0 f4=0
 run_debian_broker() {
-  local suite=$1 port=$2 management=$3 tls=$4 version log rc p f start=$SECONDS
+  local suite=$1 port=$2 management=$3 tls=$4 version log rc p f
   version=$(bash scripts/debian-broker.sh "$suite" ctl version 2>/dev/null || echo "($suite)")
+  echo "== cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
   log=target/test-output-rabbitmq-$suite.log
-  echo "== cargo test ${debian_suite_targets[*]} against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)" >"$log"
+  start=$SECONDS
   set +e
   DELAY_BRIDGE_TEST_URL="amqp://guest:guest@127.0.0.1:$port/%2f" \
     DELAY_BRIDGE_TEST_CTL="bash $PWD/scripts/debian-broker.sh $suite ctl" \
     DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:$management" \
     DELAY_BRIDGE_TEST_TLS_BROKER="$PWD/scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
-    cargo test "${debian_suite_targets[@]}" >>"$log" 2>&1
-  rc=$?
+    cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
   set -e
-  read -r p f < <(count "$log")
-  echo "$rc $p $f $((SECONDS - start)) $version" >"target/test-result-$suite"
-}
-# Reads what run_debian_broker left for SUITE on PORT: its summary line, counts and status.
-p4=0 f4=0
-add_result() {
-  local suite=$1 port=$2 rc p f seconds version
-  cat "target/test-output-rabbitmq-$suite.log"
-  read -r rc p f seconds version <"target/test-result-$suite"
   [ "$rc" -eq 0 ] || status=1
+  read -r p f < <(count "$log")
   p4=$((p4 + p)) f4=$((f4 + f))
-  summary+=("RabbitMQ $version on $port (unit and integration tests): $p passed, $f failed in $seconds s")
+  summary+=("RabbitMQ $version on $port (unit and integration tests): $p passed, $f failed in $((SECONDS - start)) s")
 }
-# The two Debian brokers' suites run side by side (each broker is its own; the tests wait on
-# broker timers far more than they compute), each into its own log, printed when both end.
-# DELAY_BRIDGE_SERIAL_BROKERS=1 runs them one after the other instead.
-suites=()
-[ "${DELAY_BRIDGE_SKIP_RMQ4:-}" = 1 ] || suites+=("trixie 5673 15673 5696")
-[ "${DELAY_BRIDGE_SKIP_RMQ43:-}" = 1 ] || suites+=("sid 5674 15674 5697")
-rm -f target/test-result-*
-# The test binaries are built once, before the runs (cargo would take turns building them).
-[ "${#suites[@]}" -eq 0 ] || cargo test "${debian_suite_targets[@]}" --no-run
-pids=()
-for args in "${suites[@]}"; do
-  # shellcheck disable=SC2086 # the words are the suite's arguments
-  if [ "${DELAY_BRIDGE_SERIAL_BROKERS:-}" = 1 ]; then
-    run_debian_broker $args
-  else
-    run_debian_broker $args &
-    pids+=($!)
-  fi
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
-for args in "${suites[@]}"; do
-  # shellcheck disable=SC2086
-  add_result $args
-done
-[ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ] || summary+=("RabbitMQ 4.0 (trixie): SKIPPED (DELAY_BRIDGE_SKIP_RMQ4=1)")
-[ "${DELAY_BRIDGE_SKIP_RMQ43:-}" != 1 ] || summary+=("RabbitMQ 4.3 (sid): SKIPPED (DELAY_BRIDGE_SKIP_RMQ43=1)")
+if [ "${DELAY_BRIDGE_SKIP_RMQ4:-}" != 1 ]; then
+  run_debian_broker trixie 5673 15673 5696
+else
+  summary+=("RabbitMQ 4.0 (trixie): SKIPPED (DELAY_BRIDGE_SKIP_RMQ4=1)")
+fi
+if [ "${DELAY_BRIDGE_SKIP_RMQ43:-}" != 1 ]; then
+  run_debian_broker sid 5674 15674 5697
+else
+  summary+=("RabbitMQ 4.3 (sid): SKIPPED (DELAY_BRIDGE_SKIP_RMQ43=1)")
+fi
 
 echo "== summary"
 printf '%s\n' "${summary[@]}"
