@@ -1040,7 +1040,11 @@ impl Carrier {
     /// Publishes until the broker settles the message one way or another: each attempt's
     /// answer goes to a [`Settling`], which decides (see `settling` for the policy); this
     /// publishes, pauses between attempts (100 ms doubling to 5 s, with jitter) and counts.
-    /// While it pauses the delivery counts as held, so the acks of others go on.
+    /// A target's refusal stands for the attempts after it for
+    /// [`refusals::MEMORY`](super::refusals::MEMORY) without asking the broker again, and an
+    /// attempt the policy sends alone goes on a private channel (at most
+    /// [`ISOLATED_AT_ONCE`](crate::amqp::targets::ISOLATED_AT_ONCE) at a time). While it
+    /// pauses the delivery counts as held, so the acks of others go on.
     async fn publish_until_settled(&self, attempt: Attempt<'_>) -> Settled {
         if !contract::fits_frame(&attempt.properties, self.frame_max) {
             return Settled::Park(Parked::new(
