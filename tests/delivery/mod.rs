@@ -375,6 +375,7 @@ async fn a_publishers_x_delivery_count_is_not_taken_for_redeliveries() {
 /// (alone the worst is 7-23 ms).
 #[tokio::test]
 async fn the_default_configuration_bundles_and_delivers_on_time() {
+    let _alone = timing_test().await;
     const N: usize = 400;
     let mut w = World::start(Setup {
         ladder: "default",

@@ -566,6 +566,23 @@ pub async fn wait_for_consumers(world: &World, n: u64, within: Duration) {
         .expect("consumers there");
 }
 
+/// The tests whose verdict is an order or a time under a burst, and the tests that load the
+/// machine most (long cancel-stream histories), never run at once: on two cores a
+/// 14 000-entry history read beside a burst-order test decided that test (2026-11-29: runs
+/// of 926 and 1 049 burst messages where 666 pass, twice; it passes alone). A timing test
+/// holds the write side; a heavy test a read side (heavy tests may overlap each other).
+static CPU_SHARE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// For a test whose verdict is a time or an order under load: no heavy test runs meanwhile.
+pub async fn timing_test() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    CPU_SHARE.write().await
+}
+
+/// For a test that loads the machine: no timing test runs meanwhile.
+pub async fn heavy_test() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    CPU_SHARE.read().await
+}
+
 /// `rabbitmqctl` for the test broker: `DELAY_BRIDGE_TEST_CTL` (a command and its leading
 /// arguments, for example `bash /abs/path/scripts/debian-broker.sh trixie ctl`: absolute, since
 /// each package's tests run in its own directory), or plain `rabbitmqctl`.
