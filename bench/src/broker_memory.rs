@@ -83,31 +83,22 @@ impl Ctl {
 }
 
 impl Ctl {
-    /// Bytes on disk under the broker's data directory (`du -sb` of the directory
-    /// `rabbit_mnesia:dir()` names: message stores, queue indexes, Raft logs, streams).
+    /// Bytes on disk under the broker's data directory (message stores, queue indexes,
+    /// Raft logs, streams), summed by the broker itself (so that a broker in a chroot or on
+    /// another host is read the same way).
     pub async fn data_dir_bytes(&self) -> Result<u64> {
-        let out = self.call(&["eval", "rabbit_mnesia:dir()."]).await?;
-        let dir = out.trim().trim_matches('"');
-        if dir.is_empty() {
-            bail!("the broker named no data directory");
-        }
-        let du = Command::new("du")
-            .args(["-sb", dir])
-            .output()
-            .await
-            .context("running du")?;
-        if !du.status.success() {
-            bail!(
-                "du -sb {dir} failed ({}): {}",
-                du.status,
-                String::from_utf8_lossy(&du.stderr).trim()
-            );
-        }
-        let text = String::from_utf8_lossy(&du.stdout);
-        text.split_whitespace()
-            .next()
-            .and_then(|bytes| bytes.parse().ok())
-            .with_context(|| format!("unexpected du output {text:?}"))
+        let out = self
+            .call(&[
+                "eval",
+                "Dir = case erlang:function_exported(rabbit, data_dir, 0) of \
+                   true -> rabbit:data_dir(); false -> rabbit_mnesia:dir() end, \
+                 filelib:fold_files(Dir, \"\", true, \
+                   fun(F, Sum) -> Sum + filelib:file_size(F) end, 0).",
+            ])
+            .await?;
+        out.trim()
+            .parse()
+            .with_context(|| format!("unexpected data directory size {out:?}"))
     }
 }
 

@@ -69,7 +69,8 @@ struct Reading {
     /// Messages in the level queues as the broker counts them (a bundle is one).
     level_messages: u64,
     queue_memory: u64,
-    broker_disk: u64,
+    /// `None` where the broker would not say.
+    broker_disk: Option<u64>,
     bridge: ProcessUsage,
     /// Seconds from the first publish of this step until the levels held it all.
     seconds: f64,
@@ -88,7 +89,7 @@ impl Reading {
             bridge_peak_rss_bytes: self.bridge.peak_rss,
             bridge_cpu_s: self.bridge.cpu.as_secs_f64(),
             seconds: self.seconds,
-            broker_disk_bytes: Some(self.broker_disk),
+            broker_disk_bytes: self.broker_disk,
             intake_cost: self.intake.map(|cost| cost.report()),
         }
     }
@@ -234,7 +235,13 @@ async fn read(
         broker_total: ctl.total_after_gc().await?,
         level_messages: sandbox.pending_in_levels().await?,
         queue_memory: ctl.queues(&prefix).await?.bytes,
-        broker_disk: ctl.data_dir_bytes().await?,
+        broker_disk: match ctl.data_dir_bytes().await {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                eprintln!("  the broker's data directory was not read: {e:#}");
+                None
+            }
+        },
         bridge: process.usage()?,
         seconds,
         intake,
@@ -253,6 +260,12 @@ fn report(
     // Signed: with messages on disk the growth can be below the noise (GC, other queues).
     let per_message = |r: &Reading, bytes: fn(&Reading) -> u64| {
         (bytes(r) as f64 - bytes(&first) as f64) / r.pending.max(1) as f64
+    };
+    let disk_per_message = |r: &Reading| match (r.broker_disk, first.broker_disk) {
+        (Some(now), Some(then)) if r.pending > 0 => {
+            Some((now as f64 - then as f64) / r.pending as f64)
+        }
+        _ => None,
     };
     println!(
         "pending: {} messages of {} B, delay {}, {} {} level queues ({} .. {})",
@@ -300,12 +313,8 @@ fn report(
             } else {
                 format!("{:.0}", per_message(r, |r| r.queue_memory))
             },
-            mib(r.broker_disk),
-            if r.pending == 0 {
-                "-".into()
-            } else {
-                format!("{:.0}", per_message(r, |r| r.broker_disk))
-            },
+            r.broker_disk.map_or("-".into(), mib),
+            disk_per_message(r).map_or("-".into(), |b| format!("{b:.0}")),
             mib(r.bridge.rss),
             mib(r.bridge.peak_rss),
             if moved == 0 {
@@ -388,7 +397,7 @@ fn report(
                 readings: readings.iter().map(Reading::report).collect(),
                 broker_bytes_per_pending_message: broker_per_msg.round(),
                 queue_bytes_per_pending_message: per_message(&last, |r| r.queue_memory).round(),
-                disk_bytes_per_pending_message: Some(per_message(&last, |r| r.broker_disk).round()),
+                disk_bytes_per_pending_message: disk_per_message(&last).map(f64::round),
                 sample: sample.cloned(),
             },
         )
