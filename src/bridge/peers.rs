@@ -9,13 +9,13 @@
 //! alone. The counts come from a passive declare of each queue every [`EVERY`].
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::carrier::BundleGate;
 use crate::amqp::{QueueCounts, queue_counts};
 
 /// How often the consumer counts are read.
@@ -28,28 +28,29 @@ pub(crate) fn every_peer_reads_bundles(work: QueueCounts, returns: QueueCounts) 
 }
 
 /// Reads the counts once now (so that the session's first hops know), then every
-/// [`EVERY`] in a task of its own until `stop` fires, keeping the gate (`Stats::bundling`)
-/// up to date. A failed reading closes the gate until the next one.
+/// [`EVERY`] in a task of its own until `stop` fires, keeping the carrier's `gate` up to
+/// date. A failed reading closes the gate until the next one.
 pub(super) async fn watch(
     shared: Arc<Shared>,
     connection: Arc<Connection>,
+    gate: BundleGate,
     stop: CancellationToken,
 ) {
     if !shared.config.bundle_hops {
         return;
     }
     let mut channel = None;
-    check(&shared, &connection, &mut channel, true).await;
+    check(&shared, &connection, &gate, &mut channel, true).await;
     tokio::spawn(async move {
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = every.tick() => check(&shared, &connection, &mut channel, false).await,
+                _ = every.tick() => check(&shared, &connection, &gate, &mut channel, false).await,
                 _ = stop.cancelled() => break,
             }
         }
-        shared.stats.bundling.store(0, Ordering::Relaxed);
+        gate.set(false);
         if let Some(open) = channel {
             let _ = open.close(200, "session ended".into()).await;
         }
@@ -61,6 +62,7 @@ pub(super) async fn watch(
 async fn check(
     shared: &Shared,
     connection: &Connection,
+    gate: &BundleGate,
     channel: &mut Option<Channel>,
     first: bool,
 ) {
@@ -72,11 +74,7 @@ async fn check(
         None => None,
     };
     let allowed = reading.is_some_and(|(work, returns)| every_peer_reads_bundles(work, returns));
-    let was = shared
-        .stats
-        .bundling
-        .swap(u64::from(allowed), Ordering::Relaxed)
-        == 1;
+    let was = gate.set(allowed);
     match (was, allowed, reading) {
         (true, false, Some((work, returns))) | (false, false, Some((work, returns)))
             if (was || first) && work.consumers > returns.consumers =>

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::AckTracker;
 use super::budget::{ByteBudget, Retune};
-use super::carrier::{Carrier, Event, Outcome};
+use super::carrier::{Carrier, Event, Stop};
 use super::inlet::{Consuming, Inlet, Tag};
 use super::{BridgeError, CLOSE_TIMEOUT, Shared, cancels, depths, peers};
 use crate::amqp::publisher::Publisher;
@@ -67,7 +67,15 @@ pub(super) async fn run(
         connection.clone(),
         stop.clone(),
     ));
-    peers::watch(shared.clone(), connection.clone(), stop.clone()).await;
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let carrier = Carrier::new(shared.clone(), publishing, publish, events_tx, stop.clone());
+    peers::watch(
+        shared.clone(),
+        connection.clone(),
+        carrier.bundle_gate().clone(),
+        stop.clone(),
+    )
+    .await;
     ready.send_replace(true);
     tracing::info!(
         work = work.queue(),
@@ -76,8 +84,6 @@ pub(super) async fn run(
         "consuming"
     );
 
-    let (events_tx, events) = mpsc::unbounded_channel();
-    let carrier = Carrier::new(shared.clone(), publishing, publish, events_tx, stop.clone());
     let mut session = Session {
         shared: shared.clone(),
         consumer_blocked: consuming.blocked(),
@@ -288,12 +294,12 @@ impl Session {
                         Inlet::Returns => &mut returns_ops,
                     };
                     match outcome {
-                        Outcome::Done => ops.extend(consuming.tracker.done(tag.delivery)),
-                        Outcome::Release => {
+                        Ok(()) => ops.extend(consuming.tracker.done(tag.delivery)),
+                        Err(Stop::Release) => {
                             stats.released.fetch_add(1, Ordering::Relaxed);
                             ops.extend(consuming.tracker.release(tag.delivery));
                         }
-                        Outcome::Failed(error) => {
+                        Err(Stop::Failed(error)) => {
                             stats.released.fetch_add(1, Ordering::Relaxed);
                             ops.extend(consuming.tracker.release(tag.delivery));
                             failure.get_or_insert(error);

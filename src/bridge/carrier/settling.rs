@@ -1,8 +1,8 @@
 //! The retry / blame / park policy of one publish, apart from I/O: given the broker's answer
 //! to each attempt ([`Disposition`]), whether the publish is settled (routed, parked, given
 //! back, or a new session is needed) or tried again, and whether on a private channel.
-//! `Carrier::publish_until_settled` publishes, sleeps between attempts and counts; every
-//! decision is [`Settling::next`]'s.
+//! `Publishing::until_settled` (`carrier::publish`) publishes, sleeps between attempts and
+//! counts; every decision is [`Settling::next`]'s.
 //!
 //! - routed: done;
 //! - returned: a target parks it `unroutable`; the bridge's own queue missing means a new
@@ -50,10 +50,6 @@ pub(super) enum Settled {
     Routed,
     /// It cannot go there: park it with this reason.
     Park(Parked),
-    /// The bridge is stopping: give the delivery back.
-    Release,
-    /// A new session is needed.
-    Failed(BridgeError),
 }
 
 /// What to do after an attempt.
@@ -63,6 +59,8 @@ pub(super) enum Next {
     Settle(Settled),
     /// Publish again after a pause (on a private channel when [`Settling::alone`] says so).
     Retry,
+    /// Give up: a new session is needed (the delivery goes back to the broker).
+    Fail(BridgeError),
 }
 
 /// The state of one publish between attempts.
@@ -111,7 +109,7 @@ impl<'a> Settling<'a> {
     pub(super) fn next(&mut self, disposition: Disposition, now: Instant) -> Next {
         match disposition {
             Disposition::Routed => Next::Settle(Settled::Routed),
-            Disposition::Returned { code, text } => Next::Settle(self.returned(code, &text)),
+            Disposition::Returned { code, text } => self.returned(code, &text),
             Disposition::Nacked => {
                 let since = *self.nacked_since.get_or_insert(now);
                 match self.destination {
@@ -133,7 +131,7 @@ impl<'a> Settling<'a> {
             Disposition::Lost(e) => {
                 self.lost += 1;
                 if self.lost > LOST_ATTEMPTS {
-                    Next::Settle(Settled::Failed(BridgeError::publish("publishing")(e)))
+                    Next::Fail(BridgeError::publish("publishing")(e))
                 } else {
                     Next::Retry
                 }
@@ -142,16 +140,16 @@ impl<'a> Settling<'a> {
     }
 
     /// A publish confirmed but routed to no queue.
-    fn returned(&self, code: u16, text: &str) -> Settled {
+    fn returned(&self, code: u16, text: &str) -> Next {
         match self.destination {
-            Destination::Target(target) => Settled::Park(Parked::new(
+            Destination::Target(target) => Next::Settle(Settled::Park(Parked::new(
                 ParkReason::Unroutable,
                 format!(
                     "target exchange `{target}` routed routing key `{}` to no queue ({code} {text})",
                     self.routing_key
                 ),
-            )),
-            Destination::Own(what) => Settled::Failed(BridgeError::OwnQueueMissing(format!(
+            ))),
+            Destination::Own(what) => Next::Fail(BridgeError::OwnQueueMissing(format!(
                 "{what} did not take a message ({code} {text}); redeclaring the topology"
             ))),
         }
@@ -186,15 +184,15 @@ impl<'a> Settling<'a> {
             return Next::Retry;
         }
         let detail = format!("refused {} times: {detail}", self.refused);
-        Next::Settle(match self.destination {
+        match self.destination {
             Destination::Own(what) if reason != ParkReason::TooLarge => {
                 tracing::error!("{what} refused a publish: {detail}");
-                Settled::Failed(BridgeError::OwnQueueMissing(format!(
+                Next::Fail(BridgeError::OwnQueueMissing(format!(
                     "{what} refused a publish ({detail})"
                 )))
             }
-            _ => Settled::Park(Parked::new(reason, detail)),
-        })
+            _ => Next::Settle(Settled::Park(Parked::new(reason, detail))),
+        }
     }
 }
 
@@ -227,20 +225,26 @@ mod tests {
         Settling::new(Destination::Own("level 1s"), "", 100, TIMEOUT)
     }
 
-    /// What the state settles as, after `dispositions` at `now`; `None` while it retries.
-    fn run(settling: &mut Settling<'_>, dispositions: Vec<Disposition>) -> Option<Settled> {
+    /// What the state settles as (or the error it gives up with), after `dispositions` at
+    /// `now`; `None` while it retries.
+    fn run(
+        settling: &mut Settling<'_>,
+        dispositions: Vec<Disposition>,
+    ) -> Option<Result<Settled, BridgeError>> {
         let now = Instant::now();
         for disposition in dispositions {
-            if let Next::Settle(settled) = settling.next(disposition, now) {
-                return Some(settled);
+            match settling.next(disposition, now) {
+                Next::Settle(settled) => return Some(Ok(settled)),
+                Next::Fail(error) => return Some(Err(error)),
+                Next::Retry => {}
             }
         }
         None
     }
 
-    fn parked_reason(settled: Option<Settled>) -> Option<ParkReason> {
+    fn parked_reason(settled: Option<Result<Settled, BridgeError>>) -> Option<ParkReason> {
         match settled {
-            Some(Settled::Park(parked)) => Some(parked.reason),
+            Some(Ok(Settled::Park(parked))) => Some(parked.reason),
             _ => None,
         }
     }
@@ -249,7 +253,7 @@ mod tests {
     fn routed_settles_at_once() {
         assert!(matches!(
             run(&mut to_target(), vec![Disposition::Routed]),
-            Some(Settled::Routed)
+            Some(Ok(Settled::Routed))
         ));
     }
 
@@ -260,7 +264,7 @@ mod tests {
             text: "NO_ROUTE".into(),
         };
         match run(&mut to_target(), vec![returned()]) {
-            Some(Settled::Park(parked)) => {
+            Some(Ok(Settled::Park(parked))) => {
                 assert_eq!(parked.reason, ParkReason::Unroutable);
                 assert!(parked.detail.contains("`orders`") && parked.detail.contains("`rk.1`"));
             }
@@ -268,7 +272,7 @@ mod tests {
         }
         assert!(matches!(
             run(&mut to_level(), vec![returned()]),
-            Some(Settled::Failed(BridgeError::OwnQueueMissing(_)))
+            Some(Err(BridgeError::OwnQueueMissing(_)))
         ));
     }
 
@@ -357,7 +361,7 @@ mod tests {
         assert!(level.alone());
         assert!(matches!(
             run(&mut level, (0..3).map(|_| missing()).collect()),
-            Some(Settled::Failed(BridgeError::OwnQueueMissing(_)))
+            Some(Err(BridgeError::OwnQueueMissing(_)))
         ));
     }
 
@@ -365,10 +369,7 @@ mod tests {
     fn lost_attempts_renew_the_session_after_three() {
         let mut level = to_level();
         assert!(run(&mut level, (0..LOST_ATTEMPTS).map(|_| lost()).collect()).is_none());
-        assert!(matches!(
-            run(&mut level, vec![lost()]),
-            Some(Settled::Failed(_))
-        ));
+        assert!(matches!(run(&mut level, vec![lost()]), Some(Err(_))));
     }
 
     /// Any answer but a nack, as the broker may give it.
@@ -436,7 +437,7 @@ mod tests {
             let mut settling = to_target();
             let now = Instant::now();
             for kind in kinds {
-                if let Next::Settle(_) = settling.next(disposition(kind), now) {
+                if !matches!(settling.next(disposition(kind), now), Next::Retry) {
                     return Ok(());
                 }
             }

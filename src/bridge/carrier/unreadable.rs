@@ -7,7 +7,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Attempt, Carrier, Outcome, Settled};
+use super::publish::Attempt;
+use super::settling::Settled;
+use super::{Carrier, Outcome, Stop};
 use crate::amqp::wire::Raw;
 use crate::bridge::BridgeError;
 use crate::bridge::inlet::Tag;
@@ -25,25 +27,23 @@ impl Carrier {
         let parked_at = now_ms();
         let (mut routing_key, mut properties) =
             contract::unreadable_parked(&raw.properties, &raw.routing_key, raw.what, parked_at);
-        if !contract::fits_frame(&properties, self.frame_max) {
+        if !contract::fits_frame(&properties, self.publishing.frame_max()) {
             // The original property bytes filled the frame: the parked copy goes without them.
             (routing_key, properties) =
                 contract::unreadable_parked(&[], &raw.routing_key, raw.what, parked_at);
         }
         let exchange = self.shared.config.names.parked_exchange();
         let attempt = Attempt::parked(tag, &exchange, routing_key, body, properties);
-        match self.publish_until_settled(attempt).await {
+        match self.publishing.until_settled(attempt).await? {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
                 self.shared.instruments.parked(ParkReason::Unreadable);
-                Outcome::Done
+                Ok(())
             }
-            Settled::Park(again) => Outcome::Failed(BridgeError::OwnQueueMissing(format!(
+            Settled::Park(again) => Err(Stop::Failed(BridgeError::OwnQueueMissing(format!(
                 "the parked queue refused a message the AMQP codec cannot read ({}: {})",
                 again.reason, again.detail
-            ))),
-            Settled::Release => Outcome::Release,
-            Settled::Failed(e) => Outcome::Failed(e),
+            )))),
         }
     }
 }
