@@ -16,6 +16,9 @@
 # the same window, and its samples are printed by where they fall: the kernel, libc, and in
 # the binary by the crate of the function (lapin and amq_protocol, tokio, delay_bridge, std
 # and the rest by name); the data stays in target/profile-bridge.data for `perf report`.
+# PROFILE_RECORD=callgraph records call graphs too (`--call-graph dwarf`, 299 Hz), to see
+# who calls the allocator: `perf report -i target/profile-bridge.data --no-children -S
+# malloc -G`.
 # With PROFILE_EPROF=<part of a queue name> (for example `.work`, or `baseline`), the queue
 # process whose name contains it is then traced for PROFILE_EPROF_SECONDS (5) with Erlang's
 # eprof, and its busiest functions are printed by calls, with their calls per delivery the
@@ -92,7 +95,12 @@ perf_bridge=""
 if [ -n "$bridge" ]; then
   perf stat -e "$events" -p "$bridge" -o /dev/stdout -- sleep "$seconds" | sed 's/^/bridge: /' &
   perf_bridge=$!
-  if [ "${PROFILE_RECORD:-}" = 1 ]; then
+  if [ "${PROFILE_RECORD:-}" = callgraph ]; then
+    # Call graphs from the stack (DWARF unwinding: a release build has no frame pointers),
+    # at a lower rate: each sample copies 8 KiB of stack.
+    perf record -q -F 299 --call-graph dwarf -p "$bridge" -o target/profile-bridge.data -- sleep "$seconds" 2>/dev/null &
+    perf_bridge="$perf_bridge $!"
+  elif [ "${PROFILE_RECORD:-}" = 1 ]; then
     perf record -q -F 999 -p "$bridge" -o target/profile-bridge.data -- sleep "$seconds" 2>/dev/null &
     perf_bridge="$perf_bridge $!"
   fi
@@ -144,7 +152,7 @@ end." >/dev/null
     rm -f "$local_log"
   fi
 fi
-if [ "${PROFILE_RECORD:-}" = 1 ] && [ -f target/profile-bridge.data ]; then
+if [ -n "${PROFILE_RECORD:-}" ] && [ -f target/profile-bridge.data ]; then
   echo "bridge samples by where they fall (perf record -F 999 over the window; share of all samples):"
   # Each line: percent, shared object, symbol. A Rust symbol's crate is its first path
   # segment (inside the leading `<` of a trait method's `<Type as Trait>::method`).
