@@ -554,7 +554,7 @@ impl Client {
         );
         let publisher = self.channel_for(exchange, body.len()).await?;
         Ok(publisher
-            .publish(exchange_name, key, body, properties)
+            .publish(exchange_name.as_str(), key.as_str(), body, &properties)
             .await)
     }
 }

@@ -199,9 +199,40 @@ pub struct Properties {
 impl From<&BasicProperties> for Properties {
     fn from(p: &BasicProperties) -> Self {
         Self {
+            headers: p.headers().clone(),
+            ..Self::without_headers(p)
+        }
+    }
+}
+
+impl Properties {
+    /// A copy of these properties but their headers (see [`Properties::without_headers`]).
+    pub fn clone_without_headers(&self) -> Self {
+        Self {
+            content_type: self.content_type.clone(),
+            content_encoding: self.content_encoding.clone(),
+            headers: None,
+            delivery_mode: self.delivery_mode,
+            priority: self.priority,
+            correlation_id: self.correlation_id.clone(),
+            reply_to: self.reply_to.clone(),
+            expiration: self.expiration.clone(),
+            message_id: self.message_id.clone(),
+            timestamp: self.timestamp,
+            kind: self.kind.clone(),
+            user_id: self.user_id.clone(),
+            app_id: self.app_id.clone(),
+            cluster_id: self.cluster_id.clone(),
+        }
+    }
+
+    /// `p`'s properties but its headers (a header table is the costly part to copy: the
+    /// bridge copies only the headers it keeps).
+    pub fn without_headers(p: &BasicProperties) -> Self {
+        Self {
             content_type: p.content_type().clone(),
             content_encoding: p.content_encoding().clone(),
-            headers: p.headers().clone(),
+            headers: None,
             delivery_mode: *p.delivery_mode(),
             priority: *p.priority(),
             correlation_id: p.correlation_id().clone(),

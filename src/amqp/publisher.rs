@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use lapin::types::ShortString;
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -101,10 +100,10 @@ impl Publisher {
     /// error that blames it or its exchange, or lost. Many run at once on one channel.
     pub async fn publish(
         &self,
-        exchange: ShortString,
-        routing_key: ShortString,
+        exchange: &str,
+        routing_key: &str,
         body: &[u8],
-        properties: BasicProperties,
+        properties: &BasicProperties,
     ) -> Disposition {
         self.publish_confirmed(exchange, routing_key, body, properties)
             .await
@@ -114,23 +113,19 @@ impl Publisher {
     /// [`Self::publish`], with what got no confirm as an error.
     async fn publish_confirmed(
         &self,
-        exchange: ShortString,
-        routing_key: ShortString,
+        exchange: &str,
+        routing_key: &str,
         body: &[u8],
-        properties: BasicProperties,
+        properties: &BasicProperties,
     ) -> Result<Disposition, PublishError> {
         let mut entry = Entry {
             seq: lock(&self.returns).register(),
             returns: &self.returns,
             claimed: false,
         };
-        let confirm = self.channel.publish(
-            exchange.as_str(),
-            routing_key.as_str(),
-            true,
-            &properties,
-            body,
-        )?;
+        let confirm = self
+            .channel
+            .publish(exchange, routing_key, true, properties, body)?;
         let confirmed = match self.within_deadline(confirm).await {
             Ok(confirmed) => confirmed?,
             Err(_) => {
@@ -139,8 +134,7 @@ impl Publisher {
                 return Err(PublishError::ConfirmTimeout(self.confirm_timeout));
             }
         };
-        let claimed = entry
-            .claim(|| Fingerprint::of(exchange.as_str(), routing_key.as_str(), &properties, body));
+        let claimed = entry.claim(|| Fingerprint::of(exchange, routing_key, properties, body));
         if claimed.stale > 0 {
             tracing::error!(
                 stale = claimed.stale,
@@ -264,10 +258,10 @@ mod tests {
                     let key = if unroutable { &nowhere } else { &queue };
                     let published = publisher
                         .publish(
-                            "".into(),
-                            key.as_str().into(),
+                            "",
+                            key.as_str(),
                             n.to_string().as_bytes(),
-                            BasicProperties::default(),
+                            &BasicProperties::default(),
                         )
                         .await;
                     let returned = matches!(published, Disposition::Returned { .. });
@@ -361,12 +355,7 @@ mod tests {
         let (connection, publisher, mut peer) = publisher_on_fake(deadline).await;
         let publishing = tokio::spawn(async move {
             publisher
-                .publish(
-                    "ex".into(),
-                    "rk".into(),
-                    b"body",
-                    BasicProperties::default(),
-                )
+                .publish("ex", "rk", b"body", &BasicProperties::default())
                 .await
         });
         assert!(matches!(

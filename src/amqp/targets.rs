@@ -232,12 +232,7 @@ mod tests {
         target: &str,
     ) -> crate::amqp::disposition::Disposition {
         publisher
-            .publish(
-                target.into(),
-                "key".into(),
-                b"body",
-                lapin::BasicProperties::default(),
-            )
+            .publish(target, "key", b"body", &lapin::BasicProperties::default())
             .await
     }
 

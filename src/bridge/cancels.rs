@@ -360,14 +360,7 @@ pub(super) async fn append(
     body: Vec<u8>,
 ) -> Disposition {
     let properties = properties.with_user_id(ShortString::from(shared.bridge_user.as_str()));
-    publish
-        .publish(
-            ShortString::from(""),
-            ShortString::from(stream),
-            &body,
-            properties,
-        )
-        .await
+    publish.publish("", stream, &body, &properties).await
 }
 
 /// Where an entry was read, and who wrote it.

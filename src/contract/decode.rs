@@ -19,10 +19,11 @@ pub fn decode(
     now_ms: u64,
     intake: &Intake<'_>,
 ) -> Result<Envelope, Parked> {
-    let raw = Properties::from(incoming.properties);
-    let headers = raw.headers.clone().unwrap_or_default();
+    let consumed = incoming.properties;
+    let no_headers = FieldTable::default();
+    let headers = consumed.headers().as_ref().unwrap_or(&no_headers);
     if incoming.exchange == intake.work_exchange {
-        return decode_in_flight(raw, &headers, intake);
+        return decode_in_flight(consumed, headers, intake);
     }
     let route = intake
         .routes
@@ -37,7 +38,7 @@ pub fn decode(
                 ),
             )
         })?;
-    let deliver_at = due_time(&headers, now_ms, intake.max_delay)?;
+    let deliver_at = due_time(headers, now_ms, intake.max_delay)?;
     // A publish time ahead of the bridge's clock counts as its now plus the clock
     // allowance, as a cancel's time does: a publisher whose copy entered later than any
     // cancel could name would make it uncancellable, and a client a little ahead (a
@@ -48,8 +49,8 @@ pub fn decode(
             .map_err(|detail| Parked::new(ParkReason::BadPublishedAt, detail))?
             .min(now_ms.saturating_add(crate::cancel::CLOCK_ALLOWANCE_MS)),
     };
-    let first = first_occurrence(&headers, &raw, deliver_at, now_ms, intake)?;
-    let (properties, stash) = split_publisher_properties(raw);
+    let first = first_occurrence(headers, consumed, deliver_at, now_ms, intake)?;
+    let (properties, stash) = split_publisher_properties(consumed);
     Ok(Envelope {
         deliver_at: first.map_or(deliver_at, |o| o.due_ms),
         target: route.target.clone(),
@@ -69,14 +70,14 @@ pub fn decode(
 /// A schedule the bridge refuses is parked `bad-schedule`.
 fn first_occurrence(
     headers: &FieldTable,
-    raw: &Properties,
+    raw: &BasicProperties,
     deliver_at: u64,
     now_ms: u64,
     intake: &Intake<'_>,
 ) -> Result<Option<Occurrence>, Parked> {
     let refused = |e: RecurrenceError| Parked::new(ParkReason::BadSchedule, e.to_string());
     let has_id = raw
-        .message_id
+        .message_id()
         .as_ref()
         .is_some_and(|id| !id.as_str().is_empty());
     let Some(recurrence) = Recurrence::from_headers(headers, has_id).map_err(refused)? else {
@@ -104,7 +105,7 @@ fn first_occurrence(
 }
 
 fn decode_in_flight(
-    raw: Properties,
+    raw: &BasicProperties,
     headers: &FieldTable,
     intake: &Intake<'_>,
 ) -> Result<Envelope, Parked> {
@@ -271,9 +272,10 @@ fn publisher_headers(headers: &FieldTable) -> BTreeMap<ShortString, AMQPValue> {
         .collect()
 }
 
-/// Splits raw properties into what travels (cleaned) and what is set aside.
-fn split_publisher_properties(mut raw: Properties) -> (Properties, Stash) {
-    let mut headers = raw.headers.as_ref().map(publisher_headers);
+/// Splits consumed properties into what travels (cleaned) and what is set aside.
+fn split_publisher_properties(consumed: &BasicProperties) -> (Properties, Stash) {
+    let mut raw = Properties::without_headers(consumed);
+    let mut headers = consumed.headers().as_ref().map(publisher_headers);
     let mut take = |name: &str| headers.as_mut().and_then(|h| h.remove(name));
     let stash = Stash {
         expiration: raw.expiration.take(),

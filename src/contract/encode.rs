@@ -33,8 +33,9 @@ pub fn consumed_properties(envelope: &Envelope) -> BasicProperties {
 /// The publisher's properties, persistent, without `expiration` and `user_id`, plus the
 /// bridge state headers with this hop count.
 fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
-    let mut props = envelope.properties.clone();
-    let mut headers = props
+    let mut props = envelope.properties.clone_without_headers();
+    let mut headers = envelope
+        .properties
         .headers
         .as_ref()
         .map(|h| h.inner().clone())
@@ -117,7 +118,7 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
 /// is restored when it is `bridge_user` (the broker refuses any other) and otherwise
 /// carried in the `original-user-id` header.
 pub fn delivery_properties(envelope: &Envelope, bridge_user: &str) -> BasicProperties {
-    let mut props = envelope.properties.clone();
+    let mut props = envelope.properties.clone_without_headers();
     props.expiration = envelope.stash.expiration.clone();
     props.delivery_mode = envelope.stash.delivery_mode;
     let mut extra = Vec::new();
@@ -134,7 +135,7 @@ pub fn delivery_properties(envelope: &Envelope, bridge_user: &str) -> BasicPrope
             extra.push((key(name), value.clone()));
         }
     }
-    if let Some(h) = props.headers.as_mut() {
+    if let Some(h) = envelope.properties.headers.as_ref() {
         let mut table = h.inner().clone();
         if let Some(delay) = table.get(header::DELAY).and_then(|v| parse_delay(v).ok())
             && delay > 0
@@ -142,7 +143,7 @@ pub fn delivery_properties(envelope: &Envelope, bridge_user: &str) -> BasicPrope
             table.insert(key(header::DELAY), negated_delay(delay));
         }
         table.extend(extra.drain(..));
-        *h = FieldTable::from(table);
+        props.headers = Some(FieldTable::from(table));
     }
     if !extra.is_empty() {
         props.headers = Some(FieldTable::from(

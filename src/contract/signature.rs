@@ -85,18 +85,18 @@ impl StateKeys {
             .map(|h| h.inner().clone())
             .unwrap_or_default();
         headers.remove(header::STATE_SIGNATURE);
-        let digest = acted_on_digest(&FieldTable::from(headers.clone()), &properties);
-        headers.insert(
+        let mut table = FieldTable::from(headers);
+        let digest = acted_on_digest(&table, &properties);
+        table.insert(
             ShortString::from(header::STATE_ACTED_ON),
             AMQPValue::LongString(LongString::from(hex::encode(digest))),
         );
-        let table = FieldTable::from(headers.clone());
         let signature = mac(&self.current, &table, body).finalize().into_bytes();
-        headers.insert(
+        table.insert(
             ShortString::from(header::STATE_SIGNATURE),
             AMQPValue::LongString(LongString::from(hex::encode(signature))),
         );
-        properties.with_headers(FieldTable::from(headers))
+        properties.with_headers(table)
     }
 
     /// Whether the signature of a copy with `properties` and `body` is valid under the

@@ -241,10 +241,10 @@ async fn act_on(
                     let disposition = into
                         .publisher
                         .publish(
-                            into.work_exchange.clone(),
-                            delivery.routing_key.clone(),
+                            into.work_exchange.as_str(),
+                            delivery.routing_key.as_str(),
                             &delivery.data,
-                            properties,
+                            &properties,
                         )
                         .await;
                     match disposition {

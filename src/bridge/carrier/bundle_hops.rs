@@ -10,7 +10,6 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lapin::types::ShortString;
 use tokio::sync::oneshot;
 
 use super::publish::Attempt;
@@ -189,7 +188,7 @@ impl Carrier {
             tag,
             queue,
             exchange,
-            ShortString::from(queue),
+            queue,
             &body,
             self.signed(properties, &body),
         );

@@ -299,7 +299,7 @@ impl Carrier {
             sealed.tag,
             &queue,
             exchange,
-            ShortString::from(queue.as_str()),
+            &queue,
             &sealed.body,
             self.signed(properties, &sealed.body),
         );
@@ -417,7 +417,7 @@ impl Carrier {
             bundle.tag,
             "the work queue",
             &self.shared.work_exchange,
-            bundle.routing_key.clone(),
+            bundle.routing_key.as_str(),
             &body,
             self.signed(bundle::bundle_properties(members.len()), &body),
         );

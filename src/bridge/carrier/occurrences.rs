@@ -127,7 +127,7 @@ impl Carrier {
             tag,
             &returns,
             &self.shared.work_exchange,
-            envelope.routing_key.clone(),
+            envelope.routing_key.as_str(),
             body,
             self.signed(consumed_properties(&next_copy), body),
         );
@@ -251,9 +251,10 @@ impl Carrier {
             born_before: born,
             due_at,
         };
+        let cancel_exchange = self.shared.config.names.cancel_exchange();
         let tombstone = Attempt::stream_entry(
             tag,
-            &self.shared.config.names.cancel_exchange(),
+            &cancel_exchange,
             crate::cancel::successors_properties(id.clone(), &successors)
                 .with_user_id(self.bridge_user()),
         );
@@ -273,9 +274,10 @@ impl Carrier {
         let Some(id) = envelope.properties.message_id.clone() else {
             return Ok(());
         };
+        let cancel_exchange = self.shared.config.names.cancel_exchange();
         let attempt = Attempt::stream_entry(
             tag,
-            &self.shared.config.names.cancel_exchange(),
+            &cancel_exchange,
             crate::cancel::replaced_properties(
                 id,
                 &envelope.target,

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,8 +39,8 @@ pub(super) struct Attempt<'a> {
     /// The delivery it replaces (held while it backs off).
     pub(super) tag: Tag,
     pub(super) destination: Destination<'a>,
-    pub(super) exchange: ShortString,
-    pub(super) routing_key: ShortString,
+    pub(super) exchange: &'a str,
+    pub(super) routing_key: &'a str,
     pub(super) body: &'a [u8],
     pub(super) properties: lapin::BasicProperties,
     /// For a message of a bundle on its way to its target: the lane whose turn each attempt
@@ -55,15 +54,15 @@ impl<'a> Attempt<'a> {
     pub(super) fn own(
         tag: Tag,
         queue: &'a str,
-        exchange: &str,
-        routing_key: ShortString,
+        exchange: &'a str,
+        routing_key: &'a str,
         body: &'a [u8],
         properties: lapin::BasicProperties,
     ) -> Self {
         Self {
             tag,
             destination: Destination::Own(queue),
-            exchange: ShortString::from(exchange),
+            exchange,
             routing_key,
             body,
             properties,
@@ -74,8 +73,8 @@ impl<'a> Attempt<'a> {
     /// A copy of the delivery `tag` for the parked queue, through `exchange`.
     pub(super) fn parked(
         tag: Tag,
-        exchange: &str,
-        routing_key: ShortString,
+        exchange: &'a str,
+        routing_key: &'a str,
         body: &'a [u8],
         properties: lapin::BasicProperties,
     ) -> Self {
@@ -93,17 +92,10 @@ impl<'a> Attempt<'a> {
     /// through the cancel exchange `exchange`.
     pub(super) fn stream_entry(
         tag: Tag,
-        exchange: &str,
+        exchange: &'a str,
         properties: lapin::BasicProperties,
     ) -> Self {
-        Self::own(
-            tag,
-            "the cancel stream",
-            exchange,
-            ShortString::from(""),
-            b"",
-            properties,
-        )
+        Self::own(tag, "the cancel stream", exchange, "", b"", properties)
     }
 }
 
@@ -197,7 +189,7 @@ impl Publishing {
         }
         let mut settling = Settling::new(
             attempt.destination,
-            attempt.routing_key.as_str(),
+            attempt.routing_key,
             attempt.body.len() as u64,
             self.target_full_timeout,
         );
@@ -323,10 +315,10 @@ impl Publishing {
 async fn publish_on(publisher: &Publisher, attempt: &Attempt<'_>) -> Disposition {
     publisher
         .publish(
-            attempt.exchange.clone(),
-            attempt.routing_key.clone(),
+            attempt.exchange,
+            attempt.routing_key,
             attempt.body,
-            attempt.properties.clone(),
+            &attempt.properties,
         )
         .await
 }

@@ -148,7 +148,7 @@ impl Carrier {
             tag,
             &queue,
             "",
-            ShortString::from(queue.as_str()),
+            &queue,
             body,
             self.signed(hop_properties(envelope), body),
         );
@@ -193,7 +193,7 @@ impl Carrier {
                 consumed, parked, parked_at,
             ));
         }
-        let attempt = Attempt::parked(tag, &exchange, routing_key.clone(), body, properties);
+        let attempt = Attempt::parked(tag, &exchange, routing_key.as_str(), body, properties);
         match self.publishing.until_settled(attempt).await? {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
@@ -247,8 +247,8 @@ impl Carrier {
         let attempt = Attempt {
             tag,
             destination: Destination::Target(&envelope.target),
-            exchange: ShortString::from(envelope.target.as_str()),
-            routing_key: envelope.routing_key.clone(),
+            exchange: &envelope.target,
+            routing_key: envelope.routing_key.as_str(),
             body,
             properties,
             lane,

@@ -33,7 +33,7 @@ impl Carrier {
                 contract::unreadable_parked(&[], &raw.routing_key, raw.what, parked_at);
         }
         let exchange = self.shared.config.names.parked_exchange();
-        let attempt = Attempt::parked(tag, &exchange, routing_key, body, properties);
+        let attempt = Attempt::parked(tag, &exchange, routing_key.as_str(), body, properties);
         match self.publishing.until_settled(attempt).await? {
             Settled::Routed => {
                 self.shared.stats.parked.fetch_add(1, Ordering::Relaxed);
