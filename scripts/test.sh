@@ -62,6 +62,30 @@ set -e
 read -r p3 f3 < <(count "$log3")
 summary+=("RabbitMQ $version3 on 5672 (unit, doc and integration tests): $p3 passed, $f3 failed in $((SECONDS - start)) s")
 
+# The publisher examples (examples/: Python, Node, Java, Go), each run against a bridge on
+# 5672 by scripts/examples.sh: one summary line per language, passed, FAILED or skipped with
+# its reason. Passed and FAILED ones count in the closing line (with the 3.10.8 run's
+# tests); a skipped one counts in neither.
+echo "== scripts/examples.sh: the publisher examples against a bridge on RabbitMQ $version3 (127.0.0.1:5672)"
+logx=target/test-output-examples.log
+# The cargo test run built target/debug/delay-bridge (the integration tests run it): the
+# examples use it when that run passed, rather than build the binary alone (cargo resolves
+# other features for it and compiles anew).
+examples_bin=
+[ "$rc" -ne 0 ] || examples_bin=target/debug/delay-bridge
+set +e
+DELAY_BRIDGE_BIN=$examples_bin bash scripts/examples.sh 2>&1 | tee "$logx"
+rc=${PIPESTATUS[0]}
+set -e
+mapfile -t example_lines < <(grep -E '^examples: .*: (passed|FAILED|skipped)' "$logx")
+if [ "$rc" -ne 0 ] && ! grep -q '^examples: .*: FAILED' "$logx"; then
+  example_lines+=("examples: FAILED (scripts/examples.sh exited $rc)")
+fi
+[ "$rc" -eq 0 ] || status=1
+summary+=("${example_lines[@]}")
+p3=$((p3 + $(printf '%s\n' "${example_lines[@]}" | grep -c ': passed' || true)))
+f3=$((f3 + $(printf '%s\n' "${example_lines[@]}" | grep -c ': FAILED' || true)))
+
 # The integration suite against a broker from a Debian suite (scripts/debian-broker.sh):
 # SUITE AMQP_PORT MANAGEMENT_PORT TLS_PORT. Adds its line to the summary and its counts to
 # p4 f4.
