@@ -5,6 +5,7 @@ mod adversary;
 mod bundles;
 mod cancel;
 mod connections;
+mod declare;
 mod delivery;
 mod faults;
 mod flow;

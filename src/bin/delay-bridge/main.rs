@@ -15,6 +15,7 @@ use delay_bridge::config::{Config, LogFormat, defaults};
 use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::parse_duration;
 
+mod declare_cmd;
 mod demo;
 mod error_report;
 mod health;
@@ -50,6 +51,13 @@ struct Cli {
 enum Command {
     /// Run the bridge until SIGINT or SIGTERM.
     Run,
+    /// Declare the topology as `run` does, without consuming, and exit.
+    ///
+    /// The exchanges, queues and bindings: each route's ingress exchange exists and is bound
+    /// to `<prefix>.work`, which holds what is published to it until a bridge runs.
+    /// Idempotent; moving off the delayed-message plugin needs it
+    /// (docs/moving-off-the-plugin.md).
+    Declare,
     /// Run a bridge in process against the broker, publish a few delayed messages with plain
     /// AMQP and `x-delay`, print each arrival, clean up and exit.
     Demo,
@@ -208,6 +216,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             bridge_runtime(config.worker_threads)?.block_on(run(config))
         }
         (Command::Demo, Some(config)) => runtime()?.block_on(demo::run_demo(&config)),
+        (Command::Declare, Some(config)) => runtime()?.block_on(declare_cmd::declare(&config)),
         (
             Command::Plan {
                 delay,
