@@ -15,7 +15,8 @@
 //! Pure core (no broker I/O; the time is a parameter):
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`ladder`]: delay levels, presets, duration parsing and printing.
-//! - [`plan`]: the next step for a remaining time: hop into a level, hold, or deliver.
+//! - [`plan`]: the next step for a remaining time: hop into a level, hold, or deliver;
+//!   [`plan::decide`], the carrier's decision at each step (bundles and hop windows too).
 //! - [`pending`]: pending messages by due-time bucket, from queue depths alone.
 //! - [`naming`]: the names of the bridge's exchanges and queues, from its prefix.
 //! - [`config`]: the TOML file, raw then validated.

@@ -3,6 +3,8 @@
 //! Pure: the clock is a parameter. Remaining time is always recomputed from the absolute
 //! deliver-at, so lateness of one step never accumulates into the next.
 
+pub mod decide;
+
 use std::time::Duration;
 
 use crate::ladder::Ladder;
@@ -158,8 +160,9 @@ mod tests {
         assert_eq!(stats.worst, 4);
     }
 
-    /// The default ladder's promise (README, "How it works"): at most 4 hops up to 30 days,
-    /// at most 4 on average, with the default margin.
+    /// The default ladder's promise (docs/architecture.md, "How it works, in short"): at most
+    /// 4 hops up to 30 days, at most 4 on average, with the default margin (the ladder
+    /// alone, without the fine levels bundled hops add).
     #[test]
     fn the_default_ladder_takes_at_most_four_hops_up_to_thirty_days() {
         let stats = hop_stats(

@@ -4,6 +4,7 @@
 mod adversary;
 mod bundles;
 mod cancel;
+mod cli;
 mod connections;
 mod declare;
 mod delivery;

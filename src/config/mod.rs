@@ -149,7 +149,7 @@ pub enum IngressKind {
     Fanout,
     /// A headers exchange: other bindings on it can take only the messages that carry
     /// given headers, or (by routing key) what the delayed-message plugin still holds for an
-    /// exchange of that name (docs/operations.md, "Moving off the delayed-message plugin").
+    /// exchange of that name (docs/moving-off-the-plugin.md).
     Headers,
 }
 

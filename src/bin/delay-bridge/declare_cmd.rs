@@ -4,6 +4,7 @@
 
 use anyhow::{Result, anyhow};
 
+use crate::output::out;
 use delay_bridge::config::{Config, IngressKind};
 use delay_bridge::topology::{Topology, TopologyError};
 
@@ -15,7 +16,7 @@ pub async fn declare(config: &Config) -> Result<()> {
     let declared = topology.declare(&connection).await;
     let _ = connection.close(200, "declared".into()).await;
     declared.map_err(explain)?;
-    print!("{}", render(config, &topology));
+    out!("{}", render(config, &topology))?;
     Ok(())
 }
 

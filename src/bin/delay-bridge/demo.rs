@@ -16,8 +16,9 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::{Config, MetricsConfig};
 use delay_bridge::http::{self, Endpoints, MetricsRegistry};
 use delay_bridge::ladder::format_duration;
-use delay_bridge::plan::{hop_count, plan};
 
+use crate::output::outln;
+use crate::plan_cmd::{PlanSettings, path, path_hops};
 use delay_bridge::sandbox::{Sandbox, TargetBinding, watch_queue};
 
 /// The delays the demo publishes, in publish order (ms): the 10 s one first.
@@ -28,14 +29,14 @@ const DEPTHS_EVERY: Duration = Duration::from_millis(500);
 
 /// Runs the demo against the configured broker with a throw-away prefix and route.
 pub async fn run_demo(base: &Config) -> Result<()> {
-    println!(
+    outln!(
         "delay-bridge demo: broker {}, ladder of {} levels ({} .. {}), margin {}",
         base.url(),
         base.ladder.levels().len(),
         format_duration(base.ladder.smallest()),
         format_duration(base.ladder.largest()),
         format_duration(base.margin),
-    );
+    )?;
     let mut sandbox = Sandbox::declare(base, "delay-bridge-demo", TargetBinding::Fanout).await?;
     // The configured listener, or any free port on loopback; queue depths read often enough
     // for a run of seconds.
@@ -62,17 +63,23 @@ pub async fn run_demo(base: &Config) -> Result<()> {
     let stop_serving = CancellationToken::new();
     let _stop_serving_on_exit = stop_serving.clone().drop_guard();
     tokio::spawn(http::serve(listener, endpoints, stop_serving));
-    println!("bridge running, metrics on {metrics_url}");
-    println!(
-        "publishing to exchange `{}` with plain AMQP and x-delay:",
-        sandbox.ingress
-    );
-    let mut result = publish_and_watch(&sandbox).await;
+    // From here on the sandbox is deleted whatever happens, a failed write included.
+    let mut result = outln!("bridge running, metrics on {metrics_url}")
+        .and_then(|()| {
+            outln!(
+                "publishing to exchange `{}` with plain AMQP and x-delay:",
+                sandbox.ingress
+            )
+        })
+        .map_err(anyhow::Error::from);
+    if result.is_ok() {
+        result = publish_and_watch(&sandbox).await;
+    }
     if result.is_ok() {
         result = print_metrics(&metrics_url).await;
     }
     sandbox.finish().await?;
-    println!("cleaned up: every exchange and queue of `{prefix}` deleted");
+    outln!("cleaned up: every exchange and queue of `{prefix}` deleted")?;
     result
 }
 
@@ -101,9 +108,9 @@ async fn print_metrics(url: &str) -> Result<()> {
         .filter(|line| line.rsplit_once(' ').is_some_and(|(_, value)| value != "0"))
         .collect();
     samples.sort_unstable();
-    println!("GET {url} after the demo traffic (samples that are not zero, without buckets):");
+    outln!("GET {url} after the demo traffic (samples that are not zero, without buckets):")?;
     for sample in samples {
-        println!("  {sample}");
+        outln!("  {sample}")?;
     }
     Ok(())
 }
@@ -140,18 +147,30 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
             .await?
             .await?;
         due.push((delay, sent + delay));
-        println!(
+        outln!(
             "  published x-delay {:>6} ms at {}  (due {})",
             delay,
             clock(sent),
             clock(sent + delay)
-        );
+        )?;
     }
-    println!("arrivals, as they happen:");
-    println!(
-        "  {:>8}  {:>12}  {:>12}  {:>8}  {:>12}",
-        "x-delay", "due", "arrived", "late", "planned hops"
+    // The path `delay-bridge plan` shows for each delay under this configuration.
+    let planned = PlanSettings::new(
+        config.ladder.clone(),
+        config.margin,
+        config.max_delay,
+        config.hop_window,
+        config.bundle_hops,
     );
+    outln!("arrivals, as they happen:")?;
+    outln!(
+        "  {:>8}  {:>12}  {:>12}  {:>8}  {:>12}",
+        "x-delay",
+        "due",
+        "arrived",
+        "late",
+        "planned hops"
+    )?;
     let mut order = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     while order.len() < DELAYS_MS.len() {
@@ -166,35 +185,31 @@ async fn publish_and_watch(sandbox: &Sandbox) -> Result<()> {
             .find(|(d, _)| *d == delay)
             .map(|(_, at)| *at)
             .context("an unexpected message arrived")?;
-        let hops = hop_count(&plan(
-            Duration::from_millis(delay),
-            &config.ladder,
-            config.margin,
-        ));
-        println!(
+        let hops = path_hops(&path(Duration::from_millis(delay), &planned));
+        outln!(
             "  {:>5} ms  {}  {}  {:>+5} ms  {:>12}",
             delay,
             clock(due_at),
             clock(arrived),
             arrived as i64 - due_at as i64,
             hops
-        );
+        )?;
         order.push(delay);
     }
-    println!(
+    outln!(
         "arrival order: {} ms. The 1000 ms message was published after the 10000 ms one and was not held back by it.",
         order
             .iter()
             .map(|d| d.to_string())
             .collect::<Vec<_>>()
             .join(", ")
-    );
-    println!(
+    )?;
+    outln!(
         "bridge counters: {} hops, {} delivered, {} parked",
         stats.snapshot().hops,
         stats.snapshot().delivered,
         stats.snapshot().parked
-    );
+    )?;
     if !order.windows(2).all(|w| w[0] <= w[1]) {
         bail!("messages arrived out of delay order: {order:?}");
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::output::out;
 use delay_bridge::config::Config;
 
 /// How long the check waits for an answer.
@@ -30,7 +31,7 @@ pub async fn check(config: &Config, ready: bool) -> Result<()> {
     if !status.is_success() {
         bail!("GET {url}: {status}: {}", body.trim());
     }
-    print!("{body}");
+    out!("{body}")?;
     Ok(())
 }
 

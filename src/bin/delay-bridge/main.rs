@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use output::{out, outln};
 use tokio_util::sync::CancellationToken;
 
 use delay_bridge::bridge::Bridge;
@@ -19,6 +20,7 @@ mod declare_cmd;
 mod demo;
 mod error_report;
 mod health;
+mod output;
 mod parked_cmd;
 mod permissions_cmd;
 mod plan_cmd;
@@ -185,6 +187,8 @@ fn main() -> ExitCode {
     ensure_thread_stack();
     match dispatch(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        // Its reader has what it wanted (`| head`): nothing went wrong.
+        Err(error) if output::is_closed_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("Error: {}", error_report::error_report(&error));
             ExitCode::FAILURE
@@ -227,7 +231,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         ) => {
             let settings = plan_cmd::PlanSettings::read(&cli.config, ladder.as_deref(), *margin)?;
             let name = ladder.as_deref().unwrap_or("configured");
-            print!("{}", plan_cmd::render_plan(*delay, name, &settings));
+            out!("{}", plan_cmd::render_plan(*delay, name, &settings))?;
             Ok(())
         }
         (Command::Ladders { max, margin, extra }, _) => {
@@ -249,15 +253,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             runtime()?.block_on(status_cmd::status(&config, args))
         }
         (Command::Permissions, Some(config)) => {
-            print!("{}", permissions_cmd::render(&config));
+            out!("{}", permissions_cmd::render(&config))?;
             Ok(())
         }
         (Command::Health { ready }, Some(config)) => {
             runtime()?.block_on(health::check(&config, *ready))
         }
         (Command::CheckConfig, Some(config)) => {
-            println!("# {}: valid", cli.config.display());
-            print!("{config}");
+            outln!("# {}: valid", cli.config.display())?;
+            out!("{config}")?;
             Ok(())
         }
         (_, None) => bail!("the configuration was not loaded for this command"),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::output::{out, outln};
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::{format_duration, parse_duration};
@@ -91,9 +92,9 @@ pub async fn run(config: &Config, command: &ParkedCommand) -> Result<()> {
     .await
     .context("working on the parked queue")?;
     if selection.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", table(&report, now_ms()));
+        out!("{}", table(&report, now_ms()))?;
     }
     let failed = report.selected.iter().filter(|o| o.note.is_some()).count();
     if failed > 0 && !report.dry_run {

@@ -7,6 +7,7 @@ use clap::Args;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
+use crate::output::outln;
 use delay_bridge::client::{Cancelled, Client, Message, Repeat, Scheduled, When};
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
@@ -174,11 +175,11 @@ pub async fn schedule(config: &Config, args: &ScheduleArgs, id: Option<&str>) ->
         (None, Some(cron)) => format!(" on {cron:?} in {}", args.zone()),
         (None, None) => String::new(),
     };
-    println!(
+    outln!(
         "scheduled{what} {}{}",
         describe(&scheduled),
         if recurring { " (first occurrence)" } else { "" }
-    );
+    )?;
     client.close().await?;
     Ok(())
 }
@@ -191,7 +192,7 @@ pub async fn cancel(config: &Config, id: &str, due: Option<&str>) -> Result<()> 
         None => client.cancel(id).await?,
         Some(due) => client.cancel_due(id, parse_instant(due)?).await?,
     };
-    println!("{}", describe_cancel(&cancelled));
+    outln!("{}", describe_cancel(&cancelled))?;
     client.close().await?;
     Ok(())
 }
@@ -207,10 +208,10 @@ pub async fn reschedule(config: &Config, id: &str, args: &ScheduleArgs) -> Resul
     let scheduled = client
         .reschedule(args.message(config, Some(id))?, args.when()?)
         .await?;
-    println!(
+    outln!(
         "rescheduled {} (the earlier copy is cancelled)",
         describe(&scheduled)
-    );
+    )?;
     client.close().await?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 
+use crate::output::{out, outln};
 use delay_bridge::config::Config;
 use delay_bridge::status::{self, QueueStatus, Status};
 
@@ -26,9 +27,9 @@ pub async fn status(config: &Config, args: &StatusArgs) -> Result<()> {
     let _ = connection.close(200, "status read".into()).await;
     let status = read.context("reading the status")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        outln!("{}", serde_json::to_string_pretty(&status)?)?;
     } else {
-        print!("{}", table(&status, args.all_levels));
+        out!("{}", table(&status, args.all_levels))?;
     }
     Ok(())
 }

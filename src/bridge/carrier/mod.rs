@@ -32,12 +32,12 @@ mod bundle_returns;
 mod gate;
 mod intake;
 mod occurrences;
-mod planner;
 mod publish;
 mod settling;
 mod steps;
 mod unreadable;
 
+use crate::plan::decide as planner;
 pub(super) use gate::BundleGate;
 use intake::Reader;
 use planner::Rules;

@@ -1,6 +1,7 @@
 //! The carrier's decision, as pure code: what one message does next, from the clock, its due
 //! time, the ladder, the margin and the hop window, and whether its hops travel in bundles.
-//! The carrier ([`super::Carrier::carry`]) does what this says, then asks again.
+//! The bridge's carrier does what this says, then asks again; `delay-bridge plan` walks a
+//! delay through the same decisions on an ideal clock.
 //!
 //! Without bundles a hop waits for the end of its hop window (so the hops of a window reach
 //! each level together) and then goes alone; the last moments are held here. With bundles a
@@ -15,7 +16,7 @@ use crate::plan::{Step, hop_window_end, next_step};
 
 /// Where a message is, for [`decide`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Situation {
+pub struct Situation {
     /// The clock, epoch ms.
     pub now_ms: u64,
     /// The message's due time, epoch ms.
@@ -33,7 +34,7 @@ pub(super) struct Situation {
 
 /// The settings [`decide`] reads.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Rules<'a> {
+pub struct Rules<'a> {
     /// The delay levels.
     pub ladder: &'a Ladder,
     /// How much before its due time the last hop lands.
@@ -44,7 +45,7 @@ pub(super) struct Rules<'a> {
 
 /// What a message does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Decision {
+pub enum Decision {
     /// Hop into this level now, alone.
     Hop(Duration),
     /// Join the bundle into `level` that leaves at `leaves_at` (epoch ms); a zero level is
@@ -70,7 +71,7 @@ pub(super) enum Decision {
 }
 
 /// What a message in `situation` does next under `rules`.
-pub(super) fn decide(situation: &Situation, rules: &Rules<'_>) -> Decision {
+pub fn decide(situation: &Situation, rules: &Rules<'_>) -> Decision {
     let Situation {
         now_ms,
         deliver_at,
