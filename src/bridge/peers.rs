@@ -50,7 +50,7 @@ pub(super) async fn watch(
                 _ = stop.cancelled() => break,
             }
         }
-        gate.set(false);
+        gate.close_quietly();
         if let Some(open) = channel {
             let _ = open.close(200, "session ended".into()).await;
         }

@@ -103,6 +103,9 @@ pub(super) async fn run(
         lost = control_failed(&connection, control_events) => Err(BridgeError::ControlLost(lost)),
     };
     session.stop.cancel();
+    // Its hops no longer travel in bundles; the gauge says so now, before a next session
+    // opens a gate of its own (this session's peers task closes its gate quietly).
+    session.carrier.bundle_gate().set(false);
     // What this session held goes back to the broker with it.
     shared.stats.held.store(0, Ordering::Relaxed);
     shared.stats.work_window.store(0, Ordering::Relaxed);

@@ -64,14 +64,12 @@ pub async fn run_demo(base: &Config) -> Result<()> {
     let _stop_serving_on_exit = stop_serving.clone().drop_guard();
     tokio::spawn(http::serve(listener, endpoints, stop_serving));
     // From here on the sandbox is deleted whatever happens, a failed write included.
-    let mut result = outln!("bridge running, metrics on {metrics_url}")
-        .and_then(|()| {
-            outln!(
-                "publishing to exchange `{}` with plain AMQP and x-delay:",
-                sandbox.ingress
-            )
-        })
-        .map_err(anyhow::Error::from);
+    let mut result = outln!("bridge running, metrics on {metrics_url}").and_then(|()| {
+        outln!(
+            "publishing to exchange `{}` with plain AMQP and x-delay:",
+            sandbox.ingress
+        )
+    });
     if result.is_ok() {
         result = publish_and_watch(&sandbox).await;
     }
@@ -79,8 +77,10 @@ pub async fn run_demo(base: &Config) -> Result<()> {
         result = print_metrics(&metrics_url).await;
     }
     sandbox.finish().await?;
-    outln!("cleaned up: every exchange and queue of `{prefix}` deleted")?;
-    result
+    // The demo's own failure, if any, wins over a failed last line.
+    let said = outln!("cleaned up: every exchange and queue of `{prefix}` deleted");
+    result?;
+    said
 }
 
 /// GETs the demo bridge's `/metrics` once its queue depths show nothing pending (they are

@@ -30,6 +30,12 @@ impl BundleGate {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Closes the gate without reporting it: for a session's end, whose gauge reading the
+    /// session clears itself (a next session's gate may be open by then).
+    pub(in crate::bridge) fn close_quietly(&self) {
+        self.open.store(false, Ordering::Relaxed);
+    }
+
     /// Opens or closes the gate, and reports it; whether it was open.
     pub(in crate::bridge) fn set(&self, open: bool) -> bool {
         self.stats

@@ -23,6 +23,7 @@ use crate::contract::{
 use crate::recurring;
 
 impl Carrier {
+    /// Hops, holds and delivers a decoded message until a replacement is confirmed, as
     /// [`planner::decide`] says at each step.
     pub(super) async fn carry(&self, moving: &Decoded) -> Outcome {
         let config = &self.shared.config;
@@ -113,6 +114,8 @@ impl Carrier {
         }
     }
 
+    /// True when a tombstone covers this copy: it is dropped (acked with nothing replacing
+    /// it), at its next hop or before its delivery.
     pub(super) fn cancelled(&self, envelope: &Envelope) -> bool {
         let Some(id) = envelope.properties.message_id.as_ref() else {
             return false;
