@@ -10,13 +10,17 @@
 //! - `readme metrics`, `readme status`: the `readme.toml` scenario of docs/operations.md, run
 //!   against the test broker under a unique six-character prefix that the shown output
 //!   names `readme` (a bridge, three messages scheduled and one unroutable, then its
-//!   `/metrics` and `status`).
+//!   `/metrics` and `status`);
+//! - `readme parked`: in the same scenario, two more messages to a key no queue is bound
+//!   to, then `parked list`, `parked replay --dry-run`, a queue bound for the key, and
+//!   `parked replay`.
 //!
 //! Before two blocks are compared, both are masked, so that what changes from run to run
 //! does not count: times of day (`19:53:25.938`) become `<time>`, RFC 3339 date-times
 //! `<date-time>`, UUIDs `<uuid>`, a signed lateness (`+2 ms`) `<late>`, a loopback port
 //! (`127.0.0.1:40123`) `127.0.0.1:<port>`, the demo's prefix (`delay-bridge-demo-1a2b3c4d`)
-//! `delay-bridge-demo-<id>`; trailing blanks and a final empty line are dropped. Nothing
+//! `delay-bridge-demo-<id>`, a parked message's age before its detail (`   5s  target
+//! exchange`) `<age>`; trailing blanks and a final empty line are dropped. Nothing
 //! else is masked: a count, a level, a duration or a column that changes fails the test.
 //! A block whose last line is `...` shows the start of the output: it is compared with as
 //! many lines (the demo's counters and metrics depend on where its messages fell in their
@@ -109,6 +113,10 @@ fn masks() -> Vec<Mask> {
         (r"[+-]\d+ ms\b", "<late>"),
         (r"127\.0\.0\.1:\d+", "127.0.0.1:<port>"),
         (r"delay-bridge-demo-[0-9a-f]{8}", "delay-bridge-demo-<id>"),
+        (
+            r" +\d+(ms|[smhd])  target exchange",
+            " <age>  target exchange",
+        ),
     ]
     .into_iter()
     .map(|(pattern, with)| Mask {
@@ -372,7 +380,9 @@ fn run_readme(
     )?;
     let ready = get(port, "/readyz").map_or_else(String::new, |(_, body)| body);
     let status = delay_bridge(&["-c", config_arg, "status"], Some(url))?;
+    let parked = run_parked(config_arg, url);
     drop(bridge);
+    let parked = parked?;
     let mut shown = String::from("$ delay-bridge -c readme.toml run 2>bridge.log &\n");
     for line in SCHEDULED {
         shown.push_str(&format!("$ delay-bridge -c readme.toml {line}\n"));
@@ -387,12 +397,139 @@ fn run_readme(
         shown.push('\n');
     }
     Ok(BTreeMap::from([
+        ("parked", parked),
         ("metrics", shown),
         (
             "status",
             format!("$ delay-bridge -c readme.toml status\n{status}"),
         ),
     ]))
+}
+
+/// The messages the parked part of the scenario schedules.
+const PARKED: [&str; 2] = [
+    "schedule --message-id invoice-7 -k nobody.listens -b \"invoice 7\" --delay 1s",
+    "schedule --message-id invoice-8 -k nobody.listens -b \"invoice 8\" --delay 1s",
+];
+
+/// The parked part of the scenario, on its running bridge (`config`): two more messages
+/// parked `unroutable`, listed, replayed without a queue (a dry run), then replayed once a
+/// queue is bound for their key; what docs/operations.md shows. The queue is deleted after.
+fn run_parked(config: &str, url: &str) -> Result<String, String> {
+    let prefix = delay_bridge::config::Config::load(Path::new(config))
+        .map_err(|e| format!("the config: {e}"))?
+        .names
+        .prefix()
+        .to_string();
+    let invoices = format!("{prefix}.invoices");
+    for line in PARKED {
+        let mut args = vec!["-c", config];
+        let words = shell_words(line);
+        args.extend(words.iter().map(String::as_str));
+        delay_bridge(&args, Some(url))?;
+    }
+    let parked = |args: &[&str]| {
+        let mut all = vec!["-c", config, "parked"];
+        all.extend(args);
+        delay_bridge(&all, Some(url))
+    };
+    wait_for("the invoices to be parked", Duration::from_secs(30), || {
+        parked(&["list"]).is_ok_and(|list| list.contains("invoice-7") && list.contains("invoice-8"))
+    })?;
+    let mut shown = String::new();
+    for args in [&["list"][..], &["replay", "--dry-run"]] {
+        shown.push_str(&format!(
+            "$ delay-bridge -c readme.toml parked {}\n",
+            args.join(" ")
+        ));
+        shown.push_str(&parked(args)?);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let replayed = (|| {
+        amqp(&runtime, url, |channel| {
+            let invoices = invoices.clone();
+            Box::pin(async move {
+                channel
+                    .queue_declare(
+                        invoices.as_str().into(),
+                        lapin::options::QueueDeclareOptions::default(),
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await?;
+                channel
+                    .queue_bind(
+                        invoices.as_str().into(),
+                        "amq.direct".into(),
+                        "nobody.listens".into(),
+                        lapin::options::QueueBindOptions::default(),
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await
+            })
+        })?;
+        shown.push_str("$ delay-bridge -c readme.toml parked replay\n");
+        shown.push_str(&parked(&["replay"])?);
+        wait_for(
+            "the replayed invoices to arrive",
+            Duration::from_secs(30),
+            || {
+                amqp(&runtime, url, |channel| {
+                    let invoices = invoices.clone();
+                    Box::pin(async move {
+                        channel
+                            .queue_declare(
+                                invoices.as_str().into(),
+                                lapin::options::QueueDeclareOptions {
+                                    passive: true,
+                                    ..Default::default()
+                                },
+                                lapin::types::FieldTable::default(),
+                            )
+                            .await
+                            .map(|queue| queue.message_count() == 3)
+                    })
+                })
+                .unwrap_or(false)
+            },
+        )
+    })();
+    let deleted = amqp(&runtime, url, |channel| {
+        let invoices = invoices.clone();
+        Box::pin(async move {
+            channel
+                .queue_delete(
+                    invoices.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await
+                .map(|_| ())
+        })
+    });
+    replayed?;
+    deleted?;
+    Ok(shown.replace(&invoices, "readme.invoices"))
+}
+
+/// Runs `act` on a channel of a connection of its own to `url`, on `runtime`.
+fn amqp<T>(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    act: impl FnOnce(
+        lapin::Channel,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = lapin::Result<T>>>>,
+) -> Result<T, String> {
+    runtime.block_on(async {
+        let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+        let done = act(channel).await.map_err(|e| e.to_string());
+        let _ = conn.close(200, "done".into()).await;
+        done
+    })
 }
 
 /// Deletes every queue and exchange the configuration's bridge declares.
@@ -586,6 +723,13 @@ fn the_mask_hides_times_ids_lateness_and_ports_and_nothing_else() {
     assert_eq!(
         masked("deleted delay-bridge-demo-0a1b2c3d", &masks),
         "deleted delay-bridge-demo-<id>"
+    );
+    assert_eq!(
+        masked(
+            "invoice-7     0ms  target exchange `t`\ninvoice-8    11s  target exchange `t`",
+            &masks
+        ),
+        "invoice-7 <age>  target exchange `t`\ninvoice-8 <age>  target exchange `t`"
     );
     let kept = "plan for 5h: hop into level 4h due in 1h, 3 of 5 levels, 250ms, 1s500ms";
     assert_eq!(masked(kept, &masks), kept);
