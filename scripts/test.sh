@@ -51,11 +51,11 @@ status=0
 [ "$rules_status" = passed ] || status=1
 
 version3=$(rabbitmqctl -q version 2>/dev/null || echo "3.x")
-echo "== cargo test: unit tests, doctests, and the integration suite against RabbitMQ $version3 (127.0.0.1:5672)"
+echo "== cargo test --no-fail-fast: unit tests, doctests, and the integration suite against RabbitMQ $version3 (127.0.0.1:5672)"
 log3=target/test-output-rabbitmq3.log
 start=$SECONDS
 set +e
-cargo test --workspace 2>&1 | tee "$log3"
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log3"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" -eq 0 ] || status=1
@@ -93,7 +93,7 @@ p4=0 f4=0
 run_debian_broker() {
   local suite=$1 port=$2 management=$3 tls=$4 version log rc p f
   version=$(bash scripts/debian-broker.sh "$suite" ctl version 2>/dev/null || echo "($suite)")
-  echo "== cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
+  echo "== cargo test --workspace --no-fail-fast --lib --test integration --test alarm --test size_limit --test tls --test smoke against RabbitMQ $version (127.0.0.1:$port; TLS node $tls)"
   log=target/test-output-rabbitmq-$suite.log
   start=$SECONDS
   set +e
@@ -101,7 +101,7 @@ run_debian_broker() {
     DELAY_BRIDGE_TEST_CTL="bash $PWD/scripts/debian-broker.sh $suite ctl" \
     DELAY_BRIDGE_TEST_MANAGEMENT_URL="http://127.0.0.1:$management" \
     DELAY_BRIDGE_TEST_TLS_BROKER="$PWD/scripts/debian-broker.sh $suite" DELAY_BRIDGE_TEST_TLS_PORT=$tls \
-    cargo test --workspace --lib --test integration --test alarm --test size_limit --test tls --test smoke 2>&1 | tee "$log"
+    cargo test --workspace --no-fail-fast --lib --test integration --test alarm --test size_limit --test tls --test smoke 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
   [ "$rc" -eq 0 ] || status=1

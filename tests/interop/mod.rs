@@ -40,7 +40,6 @@ async fn a_python_pika_publisher_works_unchanged() {
     })
     .await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pika_publisher.py");
-    let started = delay_bridge::clock::now_ms();
     let out = tokio::process::Command::new(&python)
         .args([script, &broker_url(), &w.ingress])
         .output()
@@ -51,6 +50,10 @@ async fn a_python_pika_publisher_works_unchanged() {
         "pika publisher failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let started: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the publisher prints when it began publishing");
     let got = w.recv_n(3, 10 * SEC).await;
     let bodies: Vec<&[u8]> = got.iter().map(|m| m.body.as_slice()).collect();
     assert_eq!(
