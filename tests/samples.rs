@@ -452,13 +452,7 @@ fn run_parked(config: &str, url: &str) -> Result<String, String> {
         amqp(&runtime, url, |channel| {
             let invoices = invoices.clone();
             Box::pin(async move {
-                channel
-                    .queue_declare(
-                        invoices.as_str().into(),
-                        lapin::options::QueueDeclareOptions::default(),
-                        lapin::types::FieldTable::default(),
-                    )
-                    .await?;
+                declare(&channel, &invoices, false).await?;
                 channel
                     .queue_bind(
                         invoices.as_str().into(),
@@ -479,17 +473,9 @@ fn run_parked(config: &str, url: &str) -> Result<String, String> {
                 amqp(&runtime, url, |channel| {
                     let invoices = invoices.clone();
                     Box::pin(async move {
-                        channel
-                            .queue_declare(
-                                invoices.as_str().into(),
-                                lapin::options::QueueDeclareOptions {
-                                    passive: true,
-                                    ..Default::default()
-                                },
-                                lapin::types::FieldTable::default(),
-                            )
+                        declare(&channel, &invoices, true)
                             .await
-                            .map(|queue| queue.message_count() == 3)
+                            .map(|count| count == 3)
                     })
                 })
                 .unwrap_or(false)
@@ -511,6 +497,21 @@ fn run_parked(config: &str, url: &str) -> Result<String, String> {
     replayed?;
     deleted?;
     Ok(shown.replace(&invoices, "readme.invoices"))
+}
+
+/// Declares `queue` (only checks that it exists when `passive`): its message count.
+async fn declare(channel: &lapin::Channel, queue: &str, passive: bool) -> lapin::Result<u32> {
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .map(|declared| declared.message_count())
 }
 
 /// Runs `act` on a channel of a connection of its own to `url`, on `runtime`.
