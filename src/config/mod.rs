@@ -24,6 +24,7 @@ mod validate;
 
 pub use raw::*;
 pub use urls::{BrokerUrl, ManagementUrl, TlsFiles, redact_url};
+pub use validate::levels;
 
 /// Environment variable that overrides `broker.url` / `broker.urls`: one URL, or several
 /// separated by white space.

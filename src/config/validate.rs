@@ -206,6 +206,43 @@ fn routes(raws: &[RawRoute], names: &Names) -> Result<Vec<Route>, ConfigError> {
     Ok(routes)
 }
 
+impl RawBridge {
+    /// `bridge.hop_window` and `bridge.bundle_hops` as the bridge reads them: the window at
+    /// most 1 s, and bundles (on by default while there is a window) only with a window.
+    pub fn hops(&self) -> Result<(Duration, bool), ConfigError> {
+        let hop_window = self.hop_window.unwrap_or(defaults::HOP_WINDOW);
+        if hop_window > defaults::MAX_HOP_WINDOW {
+            return Err(invalid(
+                "bridge.hop_window",
+                crate::ladder::format_duration(hop_window),
+                "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
+            ));
+        }
+        let bundle_hops = self
+            .bundle_hops
+            .unwrap_or(defaults::BUNDLE_HOPS && !hop_window.is_zero());
+        if bundle_hops && hop_window.is_zero() {
+            return Err(invalid(
+                "bridge.bundle_hops",
+                "true".to_string(),
+                "needs a bridge.hop_window above 0s (the hops of one window are bundled)",
+            ));
+        }
+        Ok((hop_window, bundle_hops))
+    }
+}
+
+/// The levels a bridge declares for a configured `ladder`: with bundles, the hop window's
+/// fine levels below the smallest level keep the messages of the last bundle due close
+/// together (see `Ladder::with_fine_levels`).
+pub fn levels(ladder: Ladder, hop_window: Duration, bundle_hops: bool) -> Ladder {
+    if bundle_hops {
+        ladder.with_fine_levels(hop_window)
+    } else {
+        ladder
+    }
+}
+
 impl RawConfig {
     /// Checks every key and builds the validated config.
     pub fn validate(self) -> Result<Config, ConfigError> {
@@ -263,33 +300,9 @@ impl RawConfig {
             .bridge
             .target_full_timeout
             .unwrap_or(defaults::TARGET_FULL_TIMEOUT);
-        let hop_window = self.bridge.hop_window.unwrap_or(defaults::HOP_WINDOW);
-        if hop_window > defaults::MAX_HOP_WINDOW {
-            return Err(invalid(
-                "bridge.hop_window",
-                crate::ladder::format_duration(hop_window),
-                "must be at most 1s (a hop waiting for its window holds its delivery unacked)",
-            ));
-        }
+        let (hop_window, bundle_hops) = self.bridge.hops()?;
         let state_keys = state_keys(&self.bridge)?;
-        let bundle_hops = self
-            .bridge
-            .bundle_hops
-            .unwrap_or(defaults::BUNDLE_HOPS && !hop_window.is_zero());
-        if bundle_hops && hop_window.is_zero() {
-            return Err(invalid(
-                "bridge.bundle_hops",
-                "true".to_string(),
-                "needs a bridge.hop_window above 0s (the hops of one window are bundled)",
-            ));
-        }
-        // With bundles, the hop window's fine levels below the smallest level keep the
-        // messages of the last bundle due close together (see `Ladder::with_fine_levels`).
-        let ladder = if bundle_hops {
-            ladder.with_fine_levels(hop_window)
-        } else {
-            ladder
-        };
+        let ladder = levels(ladder, hop_window, bundle_hops);
         let redelivery_limit = count_key(
             "bridge.redelivery_limit",
             self.bridge.redelivery_limit,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use delay_bridge::config::{RawConfig, defaults};
+use delay_bridge::config::{RawConfig, defaults, levels};
 use delay_bridge::ladder::{Ladder, PRESETS, format_duration};
 use delay_bridge::plan::decide::{Decision, Rules, Situation, decide};
 use delay_bridge::plan::hop_stats;
@@ -49,25 +49,10 @@ impl PlanSettings {
             .map(str::to_string)
             .or(raw.delays.ladder)
             .unwrap_or_else(|| defaults::LADDER.to_string());
-        let hop_window = raw.bridge.hop_window.unwrap_or(defaults::HOP_WINDOW);
-        if hop_window > defaults::MAX_HOP_WINDOW {
-            bail!(
-                "invalid configuration {}: bridge.hop_window = {} must be at most 1s",
-                config.display(),
-                format_duration(hop_window)
-            );
-        }
-        let bundled = raw
+        let (hop_window, bundled) = raw
             .bridge
-            .bundle_hops
-            .unwrap_or(defaults::BUNDLE_HOPS && !hop_window.is_zero());
-        if bundled && hop_window.is_zero() {
-            bail!(
-                "invalid configuration {}: bridge.bundle_hops = true needs a bridge.hop_window \
-                 above 0s",
-                config.display()
-            );
-        }
+            .hops()
+            .with_context(|| format!("invalid configuration {}", config.display()))?;
         Ok(Self::new(
             Ladder::parse(&ladder_text).context("invalid ladder")?,
             margin.or(raw.delays.margin).unwrap_or(defaults::MARGIN),
@@ -86,13 +71,8 @@ impl PlanSettings {
         hop_window: Duration,
         bundled: bool,
     ) -> Self {
-        let ladder = if bundled {
-            ladder.with_fine_levels(hop_window)
-        } else {
-            ladder
-        };
         Self {
-            ladder,
+            ladder: levels(ladder, hop_window, bundled),
             margin,
             max_delay,
             hop_window,
@@ -140,6 +120,15 @@ pub fn path(delay: Duration, settings: &PlanSettings) -> Vec<PathStep> {
         waits_here: false,
         from_work: true,
     };
+    // Consumed again at `now_ms` from the returns queue (`waits_here` unless it came in a
+    // bundle back from a level), before its hop window.
+    let consumed_again = |situation: Situation, now_ms: u64, waits_here: bool| Situation {
+        now_ms,
+        in_window: no_window,
+        waits_here,
+        from_work: false,
+        ..situation
+    };
     let mut steps = Vec::new();
     let wait_until = |steps: &mut Vec<PathStep>, now: u64, until: u64| {
         if until > now {
@@ -160,10 +149,7 @@ pub fn path(delay: Duration, settings: &PlanSettings) -> Vec<PathStep> {
                     bundled: false,
                 });
                 // Back through the returns queue, where its last moments are waited out.
-                situation.now_ms = now + level.as_millis() as u64;
-                situation.in_window = no_window;
-                situation.waits_here = true;
-                situation.from_work = false;
+                situation = consumed_again(situation, now + level.as_millis() as u64, true);
             }
             Decision::Bundle { level, leaves_at } => {
                 wait_until(&mut steps, now, leaves_at);
@@ -177,10 +163,8 @@ pub fn path(delay: Duration, settings: &PlanSettings) -> Vec<PathStep> {
                         bundled: true,
                     },
                 });
-                situation.now_ms = leaves_at + level.as_millis() as u64;
-                situation.in_window = no_window;
-                situation.waits_here = to_returns;
-                situation.from_work = false;
+                situation =
+                    consumed_again(situation, leaves_at + level.as_millis() as u64, to_returns);
             }
             Decision::Hold { .. } => {
                 let due = situation.deliver_at;
