@@ -47,6 +47,9 @@ func main() {
 	channel, err := connection.Channel()
 	check(err)
 	check(channel.Confirm(false))
+	// One confirmation per publish, in order. (DeferredConfirmation.Wait can hang in
+	// amqp091-go before 1.8, rabbitmq/amqp091-go#182: seen here with Debian's 1.5.)
+	confirms := channel.NotifyPublish(make(chan amqp.Confirmation, 1))
 
 	// A queue of our own on the target exchange: due messages are delivered there with the
 	// routing key they were published with.
@@ -59,11 +62,10 @@ func main() {
 	labels := map[string]string{} // message_id -> what it is
 	dueAt := map[string]int64{}   // message_id -> when it is due, epoch ms
 	publish := func(exchange, messageID string, headers amqp.Table, body string) {
-		confirm, err := channel.PublishWithDeferredConfirm(exchange, run, false, false, amqp.Publishing{
+		check(channel.Publish(exchange, run, false, false, amqp.Publishing{
 			MessageId: messageID, DeliveryMode: amqp.Persistent, Headers: headers, Body: []byte(body),
-		})
-		check(err)
-		if !confirm.Wait() {
+		}))
+		if confirmed := <-confirms; !confirmed.Ack {
 			log.Fatalf("the broker refused %s", messageID)
 		}
 	}
