@@ -20,6 +20,7 @@ use crate::config::Route;
 pub mod bundle;
 mod decode;
 mod encode;
+mod hop_bytes;
 mod reason;
 pub mod signature;
 mod size;

@@ -38,7 +38,9 @@ pub struct TargetChannels {
     confirm_timeout: Duration,
     /// A plain mutex, held only for a map lookup or insert (never across an await): a burst
     /// of thousands of deliveries due at once must not queue on an async lock.
-    channels: Mutex<HashMap<ChannelKey, Publisher>>,
+    /// Keyed by exchange name first, so that a lookup borrows the name (no `String` per
+    /// publish).
+    channels: Mutex<HashMap<String, ByShare>>,
     /// One async lock per target, taken only to open its channel, so that thousands of
     /// deliveries to a target that has no channel yet open one between them, not one each
     /// (which ran the connection out of channels in a burst). It holds the last opening's
@@ -50,6 +52,22 @@ pub struct TargetChannels {
 
 /// A target exchange (or the empty key: the bridge's own) and which of its channels.
 type ChannelKey = (String, Share);
+
+/// A target's channels, one per [`Share`].
+#[derive(Default)]
+struct ByShare {
+    common: Option<Publisher>,
+    bulk: Option<Publisher>,
+}
+
+impl ByShare {
+    fn slot(&mut self, share: Share) -> &mut Option<Publisher> {
+        match share {
+            Share::Common => &mut self.common,
+            Share::Bulk => &mut self.bulk,
+        }
+    }
+}
 
 /// The lock an opening of one channel holds, with the last opening's failure.
 type Opening = Arc<tokio::sync::Mutex<Option<FailedOpening>>>;
@@ -137,10 +155,7 @@ impl TargetChannels {
             }
         };
         *last_failure = None;
-        self.channels
-            .lock()
-            .expect("target channels lock")
-            .insert((key.to_string(), share), opened.clone());
+        self.put(key, share, opened.clone());
         Ok(opened)
     }
 
@@ -155,10 +170,17 @@ impl TargetChannels {
 
     /// Uses `publisher` as the channel for `key` until it closes.
     pub fn adopt(&self, key: &str, publisher: Publisher) {
-        self.channels
-            .lock()
-            .expect("target channels lock")
-            .insert((key.to_string(), Share::Common), publisher);
+        self.put(key, Share::Common, publisher);
+    }
+
+    /// Keeps `publisher` as `key`'s channel `share`, in place of any earlier one.
+    fn put(&self, key: &str, share: Share, publisher: Publisher) {
+        let mut channels = self.channels.lock().expect("target channels lock");
+        if let Some(target) = channels.get_mut(key) {
+            *target.slot(share) = Some(publisher);
+        } else {
+            *channels.entry(key.to_string()).or_default().slot(share) = Some(publisher);
+        }
     }
 
     /// A private confirm channel for one publish that must not share the fate of others
@@ -178,9 +200,11 @@ impl TargetChannels {
     }
 
     fn open_channel(&self, target: &str, share: Share) -> Option<Publisher> {
-        let channels = self.channels.lock().expect("target channels lock");
+        let mut channels = self.channels.lock().expect("target channels lock");
         channels
-            .get(&(target.to_string(), share))
+            .get_mut(target)?
+            .slot(share)
+            .as_ref()
             .filter(|p| p.is_open())
             .cloned()
     }
@@ -192,7 +216,8 @@ impl TargetChannels {
             .lock()
             .expect("target channels lock")
             .drain()
-            .map(|(_, c)| c)
+            .flat_map(|(_, target)| [target.common, target.bulk])
+            .flatten()
             .collect();
         for publisher in publishers {
             publisher.close().await;

@@ -27,7 +27,8 @@ use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::{PERSISTENT, ParkReason, Parked, header};
+use super::hop_bytes::write_state_properties;
+use super::{Envelope, PERSISTENT, ParkReason, Parked, header};
 
 /// The first byte of a bundle's body: the format of what follows.
 pub const FORMAT: u8 = 1;
@@ -54,6 +55,31 @@ pub fn encode_member(properties: &BasicProperties, body: &[u8]) -> Option<Vec<u8
     member.extend_from_slice(&properties_len.to_be_bytes());
     member.extend_from_slice(&encoded);
     member.extend_from_slice(&body_len.to_be_bytes());
+    member.extend_from_slice(body);
+    Some(member)
+}
+
+/// A hop's member of a bundle: what [`encode_member`] makes of
+/// [`hop_properties`](super::hop_properties)`(envelope)` and `body`, written without
+/// building those properties (the same bytes).
+pub fn encode_hop_member(envelope: &Envelope, body: &[u8]) -> Option<Vec<u8>> {
+    encode_state_member(envelope, envelope.hops.saturating_add(1), body)
+}
+
+/// A member of a bundle with the properties a message of a bundle was read with: what
+/// [`encode_member`] makes of [`consumed_properties`](super::consumed_properties)`(envelope)`
+/// and `body`, written without building those properties (the same bytes).
+pub fn encode_consumed_member(envelope: &Envelope, body: &[u8]) -> Option<Vec<u8>> {
+    encode_state_member(envelope, envelope.hops, body)
+}
+
+fn encode_state_member(envelope: &Envelope, hops: u32, body: &[u8]) -> Option<Vec<u8>> {
+    let mut member = Vec::with_capacity(256 + body.len());
+    member.extend_from_slice(&[0; 4]);
+    write_state_properties(envelope, hops, &mut member)?;
+    let properties_len = u32::try_from(member.len() - 4).ok()?;
+    member[..4].copy_from_slice(&properties_len.to_be_bytes());
+    member.extend_from_slice(&u32::try_from(body.len()).ok()?.to_be_bytes());
     member.extend_from_slice(body);
     Some(member)
 }

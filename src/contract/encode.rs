@@ -40,39 +40,77 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
         .as_ref()
         .map(|h| h.inner().clone())
         .unwrap_or_default();
-    let state: [(&str, Option<AMQPValue>); 13] = [
+    for (name, value) in state_headers(envelope, hops) {
+        if let Some(value) = value {
+            headers.insert(key(name), value.to_amqp());
+        }
+    }
+    props.headers = Some(FieldTable::from(headers));
+    props.delivery_mode = Some(PERSISTENT);
+    props.into()
+}
+
+/// The value of one bridge state header, borrowed from the envelope.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum StateValue<'a> {
+    /// A 64-bit integer (`l`).
+    Int(i64),
+    /// A long string (`S`).
+    Text(&'a str),
+    /// A value kept as the publisher sent it (`CC`, `BCC`).
+    Kept(&'a AMQPValue),
+}
+
+impl StateValue<'_> {
+    /// The value as a header table holds it.
+    pub(super) fn to_amqp(self) -> AMQPValue {
+        match self {
+            StateValue::Int(i) => AMQPValue::LongLongInt(i),
+            StateValue::Text(s) => long_string(s),
+            StateValue::Kept(v) => v.clone(),
+        }
+    }
+}
+
+/// The number of bridge state headers a hop can carry.
+pub(super) const STATE_HEADERS: usize = 13;
+
+/// The bridge state headers of a hop with this hop count, by name; `None` for one the
+/// message does not carry.
+pub(super) fn state_headers(
+    envelope: &Envelope,
+    hops: u32,
+) -> [(&'static str, Option<StateValue<'_>>); STATE_HEADERS] {
+    let saturating = |n: u64| StateValue::Int(i64::try_from(n).unwrap_or(i64::MAX));
+    [
         (
             header::STATE_DELIVER_AT,
-            Some(AMQPValue::LongLongInt(envelope.deliver_at as i64)),
+            Some(StateValue::Int(envelope.deliver_at as i64)),
         ),
-        (header::STATE_TARGET, Some(long_string(&envelope.target))),
+        (
+            header::STATE_TARGET,
+            Some(StateValue::Text(&envelope.target)),
+        ),
         (
             header::STATE_ROUTING_KEY,
-            Some(long_string(envelope.routing_key.as_str())),
+            Some(StateValue::Text(envelope.routing_key.as_str())),
         ),
-        (
-            header::STATE_HOPS,
-            Some(AMQPValue::LongLongInt(i64::from(hops))),
-        ),
+        (header::STATE_HOPS, Some(StateValue::Int(i64::from(hops)))),
         (
             header::STATE_FIRST_SEEN,
-            Some(AMQPValue::LongLongInt(envelope.first_seen as i64)),
+            Some(StateValue::Int(envelope.first_seen as i64)),
         ),
         (
             header::STATE_ENTERED_AT,
-            Some(AMQPValue::LongLongInt(envelope.entered_at as i64)),
+            Some(StateValue::Int(envelope.entered_at as i64)),
         ),
         (
             header::STATE_OCCURRENCE,
-            envelope
-                .occurrence
-                .map(|n| AMQPValue::LongLongInt(i64::try_from(n).unwrap_or(i64::MAX))),
+            envelope.occurrence.map(saturating),
         ),
         (
             header::STATE_BORN,
-            envelope
-                .occurrence
-                .map(|_| AMQPValue::LongLongInt(i64::try_from(envelope.born).unwrap_or(i64::MAX))),
+            envelope.occurrence.map(|_| saturating(envelope.born)),
         ),
         (
             header::STATE_EXPIRATION,
@@ -80,7 +118,7 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
                 .stash
                 .expiration
                 .as_ref()
-                .map(|e| long_string(e.as_str())),
+                .map(|e| StateValue::Text(e.as_str())),
         ),
         (
             header::STATE_USER_ID,
@@ -88,27 +126,25 @@ fn with_state(envelope: &Envelope, hops: u32) -> BasicProperties {
                 .stash
                 .user_id
                 .as_ref()
-                .map(|u| long_string(u.as_str())),
+                .map(|u| StateValue::Text(u.as_str())),
         ),
         (
             header::STATE_DELIVERY_MODE,
             match envelope.stash.delivery_mode {
                 Some(PERSISTENT) => None,
-                Some(m) => Some(AMQPValue::LongLongInt(i64::from(m))),
-                None => Some(AMQPValue::LongLongInt(0)),
+                Some(m) => Some(StateValue::Int(i64::from(m))),
+                None => Some(StateValue::Int(0)),
             },
         ),
-        (header::STATE_CC, envelope.stash.cc.clone()),
-        (header::STATE_BCC, envelope.stash.bcc.clone()),
-    ];
-    for (name, value) in state {
-        if let Some(value) = value {
-            headers.insert(key(name), value);
-        }
-    }
-    props.headers = Some(FieldTable::from(headers));
-    props.delivery_mode = Some(PERSISTENT);
-    props.into()
+        (
+            header::STATE_CC,
+            envelope.stash.cc.as_ref().map(StateValue::Kept),
+        ),
+        (
+            header::STATE_BCC,
+            envelope.stash.bcc.as_ref().map(StateValue::Kept),
+        ),
+    ]
 }
 
 /// The properties of the final delivery: exactly the publisher's, with `expiration`,

@@ -39,42 +39,59 @@ fn properties_len(p: &BasicProperties) -> usize {
 }
 
 /// A field table's encoded size, without recursion (a hostile table may be nested deeply).
+/// Scalars are counted where they stand; only nested tables and arrays wait on a stack,
+/// so a flat table (every header the bridge writes) is measured without allocating.
 fn table_len(table: &FieldTable) -> usize {
-    let mut len = 0;
-    let mut tables = vec![table];
-    let mut values: Vec<&AMQPValue> = Vec::new();
-    loop {
-        if let Some(table) = tables.pop() {
-            len += 4;
-            for (key, value) in table.inner() {
-                len += 1 + key.as_str().len();
-                values.push(value);
-            }
-            continue;
+    let mut nested: Vec<Nested<'_>> = Vec::new();
+    let mut len = entries_len(table, &mut nested);
+    while let Some(next) = nested.pop() {
+        len += match next {
+            Nested::Table(table) => entries_len(table, &mut nested),
+            Nested::Array(items) => items
+                .iter()
+                .map(|value| value_len(value, &mut nested))
+                .sum(),
+        };
+    }
+    len
+}
+
+/// A table or array inside a table, measured after the entries around it.
+enum Nested<'a> {
+    Table(&'a FieldTable),
+    Array(&'a [AMQPValue]),
+}
+
+/// A table's length prefix and its entries, a nested table's or array's contents left on
+/// `nested`.
+fn entries_len<'a>(table: &'a FieldTable, nested: &mut Vec<Nested<'a>>) -> usize {
+    4 + table
+        .inner()
+        .iter()
+        .map(|(key, value)| 1 + key.as_str().len() + value_len(value, nested))
+        .sum::<usize>()
+}
+
+/// A value's type tag and encoding, a nested table's or array's contents left on `nested`.
+fn value_len<'a>(value: &'a AMQPValue, nested: &mut Vec<Nested<'a>>) -> usize {
+    1 + match value {
+        AMQPValue::Void => 0,
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::ShortString(s) => 1 + s.as_str().len(),
+        AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
+        AMQPValue::ByteArray(b) => 4 + b.as_slice().len(),
+        AMQPValue::FieldArray(items) => {
+            nested.push(Nested::Array(items.as_slice()));
+            4
         }
-        let Some(value) = values.pop() else {
-            return len;
-        };
-        len += 1; // type tag
-        len += match value {
-            AMQPValue::Void => 0,
-            AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
-            AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
-            AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
-            AMQPValue::DecimalValue(_) => 5,
-            AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
-            AMQPValue::ShortString(s) => 1 + s.as_str().len(),
-            AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
-            AMQPValue::ByteArray(b) => 4 + b.as_slice().len(),
-            AMQPValue::FieldArray(items) => {
-                values.extend(items.as_slice());
-                4
-            }
-            AMQPValue::FieldTable(inner) => {
-                tables.push(inner);
-                0
-            }
-        };
+        AMQPValue::FieldTable(inner) => {
+            nested.push(Nested::Table(inner));
+            0
+        }
     }
 }
 

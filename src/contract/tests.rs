@@ -915,6 +915,46 @@ mod arbitrary_tables {
             }
         }
 
+        /// A bundle member's properties written straight from the envelope are the bytes
+        /// encoding the built properties gives, whatever the publisher's headers (the
+        /// bridge's own names among them), properties and state.
+        #[test]
+        fn a_member_written_from_the_envelope_is_the_encoded_properties(
+            table in proptest::option::of(headers()),
+            cc in proptest::option::of(value()),
+            occurrence in proptest::option::of(any::<u64>()),
+            hops in any::<u32>(),
+            short in proptest::option::of("[ -~]{0,255}"),
+            priority in proptest::option::of(any::<u8>()),
+            timestamp in proptest::option::of(any::<u64>()),
+            user in proptest::option::of("[a-z]{1,12}"),
+        ) {
+            let mut env = decode_with("in", &with_headers(vec![("x-delay", AMQPValue::LongInt(5_000))]))
+                .expect("decodes");
+            env.properties.headers = table;
+            env.properties.content_type = short.as_deref().map(Into::into);
+            env.properties.message_id = short.as_deref().filter(|_| priority.is_some()).map(Into::into);
+            env.properties.cluster_id = user.as_deref().map(Into::into);
+            env.properties.priority = priority;
+            env.properties.timestamp = timestamp;
+            env.stash.cc = cc.clone();
+            env.stash.bcc = cc;
+            env.stash.user_id = user.as_deref().map(Into::into);
+            env.stash.delivery_mode = priority.map(|p| p % 3);
+            env.occurrence = occurrence;
+            env.born = timestamp.unwrap_or(7);
+            env.hops = hops;
+            let body = b"body";
+            prop_assert_eq!(
+                bundle::encode_hop_member(&env, body),
+                bundle::encode_member(&hop_properties(&env), body)
+            );
+            prop_assert_eq!(
+                bundle::encode_consumed_member(&env, body),
+                bundle::encode_member(&consumed_properties(&env), body)
+            );
+        }
+
         #[test]
         fn any_table_from_the_work_exchange_decodes_or_parks(table in headers()) {
             let props = BasicProperties::default().with_headers(table);

@@ -606,7 +606,7 @@ impl Channel {
         let id = self.shared.id;
         self.inner.outbox.send(|frames| {
             for settle in settles {
-                frames.method(id, settle.method())?;
+                frames.settle(id, settle);
             }
             Ok(())
         })
@@ -630,19 +630,13 @@ impl Channel {
             return Err(error.clone());
         }
         let id = self.shared.id;
-        let publish = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
-            mandatory,
-            immediate: false,
-        }));
         let Some(confirms) = &mut state.confirms else {
             return Err(WireError::Unexpected(
                 "a publish on a channel not in confirm mode".into(),
             ));
         };
         self.inner.outbox.send(|frames| {
-            frames.method(id, publish)?;
+            frames.publish(id, exchange, routing_key, mandatory)?;
             frames.content(id, properties, body)
         })?;
         confirms.register(waiter);
@@ -704,26 +698,6 @@ pub enum Settle {
         /// Back into the queue (else dead-lettered, or dropped).
         requeue: bool,
     },
-}
-
-impl Settle {
-    fn method(self) -> AMQPClass {
-        match self {
-            Settle::Ack { tag, multiple } => AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-                delivery_tag: tag,
-                multiple,
-            })),
-            Settle::Nack {
-                tag,
-                multiple,
-                requeue,
-            } => AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                delivery_tag: tag,
-                multiple,
-                requeue,
-            })),
-        }
-    }
 }
 
 /// `channel.close` as this client closes a channel: 200, done.

@@ -16,6 +16,12 @@ use super::WireError;
 
 /// The class id of `basic`, the only class with content.
 const BASIC_CLASS: u16 = 60;
+/// The frame type of a method.
+const FRAME_METHOD: u8 = 1;
+/// The method ids of `basic.publish`, `basic.ack` and `basic.nack`.
+const BASIC_PUBLISH: u16 = 40;
+const BASIC_ACK: u16 = 80;
+const BASIC_NACK: u16 = 120;
 /// A frame's header (type, channel, size) and end byte.
 const FRAME_OVERHEAD: usize = 8;
 /// How long the writer tries to write its last frame (a `close-ok`) once the connection
@@ -163,6 +169,77 @@ impl Frames<'_> {
         self.frame(&AMQPFrame::Method(channel, method))
     }
 
+    /// A `basic.publish` method frame, encoded in place: the per-message methods
+    /// (publish, ack, nack) do not go through [`AMQPClass`], whose names and flags are
+    /// owned and allocated for every frame. An exchange or routing key longer than a short
+    /// string (255 bytes) is refused, as the broker would refuse it.
+    pub(super) fn publish(
+        &mut self,
+        channel: u16,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+    ) -> Result<(), WireError> {
+        for (what, name) in [("exchange", exchange), ("routing key", routing_key)] {
+            if name.len() > usize::from(u8::MAX) {
+                return Err(WireError::Unexpected(format!(
+                    "a publish's {what} of {} bytes (at most 255)",
+                    name.len()
+                )));
+            }
+        }
+        let start = self.method_start(channel, BASIC_PUBLISH);
+        self.bytes.extend_from_slice(&0u16.to_be_bytes()); // reserved (ticket)
+        for name in [exchange, routing_key] {
+            self.bytes.push(name.len() as u8);
+            self.bytes.extend_from_slice(name.as_bytes());
+        }
+        self.bytes.push(u8::from(mandatory)); // immediate: never
+        self.method_end(start);
+        Ok(())
+    }
+
+    /// A `basic.ack` or `basic.nack` method frame, encoded in place (see
+    /// [`Frames::publish`]).
+    pub(super) fn settle(&mut self, channel: u16, settle: super::channel::Settle) {
+        use super::channel::Settle;
+        let (method, tag, bits) = match settle {
+            Settle::Ack { tag, multiple } => (BASIC_ACK, tag, u8::from(multiple)),
+            Settle::Nack {
+                tag,
+                multiple,
+                requeue,
+            } => (
+                BASIC_NACK,
+                tag,
+                u8::from(multiple) | (u8::from(requeue) << 1),
+            ),
+        };
+        let start = self.method_start(channel, method);
+        self.bytes.extend_from_slice(&tag.to_be_bytes());
+        self.bytes.push(bits);
+        self.method_end(start);
+    }
+
+    /// Starts a method frame of class `basic` (its size filled in by
+    /// [`Frames::method_end`]); returns where it starts.
+    fn method_start(&mut self, channel: u16, method: u16) -> usize {
+        let start = self.bytes.len();
+        self.bytes.push(FRAME_METHOD);
+        self.bytes.extend_from_slice(&channel.to_be_bytes());
+        self.bytes.extend_from_slice(&[0; 4]);
+        self.bytes.extend_from_slice(&BASIC_CLASS.to_be_bytes());
+        self.bytes.extend_from_slice(&method.to_be_bytes());
+        start
+    }
+
+    /// Ends the method frame begun at `start`: its size, then the end byte.
+    fn method_end(&mut self, start: usize) {
+        let size = self.bytes.len() - start - 7;
+        self.bytes[start + 3..start + 7].copy_from_slice(&(size as u32).to_be_bytes());
+        self.bytes.push(super::FRAME_END);
+    }
+
     /// A content header and `body` in frames of at most the agreed size.
     pub(super) fn content(
         &mut self,
@@ -226,6 +303,91 @@ mod tests {
 
     use super::*;
 
+    /// The method frames encoded in place are the bytes amq-protocol writes for them.
+    #[test]
+    fn methods_encoded_in_place_match_the_codec() {
+        use super::super::channel::Settle;
+        use amq_protocol::protocol::basic;
+        let encoded = |write: &dyn Fn(&mut Frames<'_>)| {
+            let mut bytes = Vec::new();
+            write(&mut Frames {
+                bytes: &mut bytes,
+                frame_max: 131_072,
+            });
+            bytes
+        };
+        let by_codec = |channel: u16, method: basic::AMQPMethod| {
+            encoded(&|frames| {
+                frames
+                    .method(channel, AMQPClass::Basic(method.clone()))
+                    .unwrap()
+            })
+        };
+        let long = "k".repeat(255);
+        for (channel, exchange, key, mandatory) in [
+            (1, "", "q", false),
+            (7, "orders.delay", "order.created", true),
+            (65535, "x", long.as_str(), true),
+        ] {
+            assert_eq!(
+                encoded(&|frames| frames.publish(channel, exchange, key, mandatory).unwrap()),
+                by_codec(
+                    channel,
+                    basic::AMQPMethod::Publish(basic::Publish {
+                        exchange: exchange.into(),
+                        routing_key: key.into(),
+                        mandatory,
+                        immediate: false,
+                    })
+                ),
+                "publish {channel} {exchange} {mandatory}"
+            );
+        }
+        for tag in [1, 300, u64::MAX] {
+            for multiple in [false, true] {
+                assert_eq!(
+                    encoded(&|frames| frames.settle(3, Settle::Ack { tag, multiple })),
+                    by_codec(
+                        3,
+                        basic::AMQPMethod::Ack(basic::Ack {
+                            delivery_tag: tag,
+                            multiple
+                        })
+                    )
+                );
+                for requeue in [false, true] {
+                    assert_eq!(
+                        encoded(&|frames| frames.settle(
+                            3,
+                            Settle::Nack {
+                                tag,
+                                multiple,
+                                requeue
+                            }
+                        )),
+                        by_codec(
+                            3,
+                            basic::AMQPMethod::Nack(basic::Nack {
+                                delivery_tag: tag,
+                                multiple,
+                                requeue
+                            })
+                        )
+                    );
+                }
+            }
+        }
+        let too_long = "k".repeat(256);
+        let mut bytes = Vec::new();
+        let mut frames = Frames {
+            bytes: &mut bytes,
+            frame_max: 131_072,
+        };
+        assert!(frames.publish(1, "", &too_long, false).is_err());
+        assert!(frames.publish(1, &too_long, "q", false).is_err());
+        assert!(bytes.is_empty(), "a refused publish leaves nothing queued");
+    }
+
     /// Properties whose headers hold `bytes` bytes of one long string.
     fn with_headers_of(bytes: usize) -> BasicProperties {
         let mut headers = FieldTable::default();
@@ -246,6 +408,21 @@ mod tests {
         let mut headers = FieldTable::default();
         headers.insert("t".into(), AMQPValue::FieldTable(nested));
         headers.insert("b".into(), AMQPValue::Boolean(true));
+        let mut deep = FieldTable::default();
+        deep.insert("x".into(), AMQPValue::LongString(LongString::from("yz")));
+        let mut in_array = FieldTable::default();
+        in_array.insert(
+            "arr".into(),
+            AMQPValue::FieldArray(
+                vec![
+                    AMQPValue::FieldTable(deep),
+                    AMQPValue::FieldArray(vec![AMQPValue::ShortInt(3)].into()),
+                    AMQPValue::Double(1.5),
+                ]
+                .into(),
+            ),
+        );
+        headers.insert("deep".into(), AMQPValue::FieldTable(in_array));
         let cases = [
             BasicProperties::default(),
             with_headers_of(10),

@@ -1,6 +1,6 @@
 //! The task that reads the broker's frames and hands each to its channel.
 
-use amq_protocol::protocol::parse_class;
+use amq_protocol::protocol::{AMQPClass, basic, parse_class};
 use futures::{AsyncRead, AsyncReadExt};
 
 use super::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, Inner, WireError};
@@ -73,13 +73,144 @@ async fn read_frame<R: AsyncRead + Unpin>(
     }
 }
 
-fn parse_method(kind: u8, payload: &[u8]) -> Result<amq_protocol::protocol::AMQPClass, WireError> {
+fn parse_method(kind: u8, payload: &[u8]) -> Result<AMQPClass, WireError> {
     if kind != FRAME_METHOD {
         return Err(WireError::Unexpected(format!(
             "a frame of type {kind} on channel 0"
         )));
     }
+    if let Some(method) = per_message_method(payload) {
+        return Ok(method);
+    }
     parse_class(payload)
         .map(|(_, method)| method)
         .map_err(|e| WireError::Unreadable(format!("a method: {e:?}")))
+}
+
+/// The methods that come with every message (`basic.ack` and `basic.nack` confirming a
+/// publish, `basic.deliver`), read by hand: the codec builds each method's flags as a
+/// vector of named bits, several allocations per frame. `None` for any other method, or one
+/// that is not exactly whole (the codec then reads it, or says why it cannot).
+fn per_message_method(payload: &[u8]) -> Option<AMQPClass> {
+    let (ids, args) = payload.split_at_checked(4)?;
+    let method = match ids {
+        [0, 60, 0, 80] | [0, 60, 0, 120] => {
+            let [tag @ .., bits] = args else { return None };
+            let delivery_tag = u64::from_be_bytes(tag.try_into().ok()?);
+            let multiple = bits & 1 == 1;
+            if ids[3] == 80 {
+                basic::AMQPMethod::Ack(basic::Ack {
+                    delivery_tag,
+                    multiple,
+                })
+            } else {
+                basic::AMQPMethod::Nack(basic::Nack {
+                    delivery_tag,
+                    multiple,
+                    requeue: bits & 2 == 2,
+                })
+            }
+        }
+        [0, 60, 0, 60] => {
+            let mut at = 0;
+            let consumer_tag = short_string(args, &mut at)?;
+            let delivery_tag = u64::from_be_bytes(args.get(at..at + 8)?.try_into().ok()?);
+            let redelivered = *args.get(at + 8)? & 1 == 1;
+            at += 9;
+            let exchange = short_string(args, &mut at)?;
+            let routing_key = short_string(args, &mut at)?;
+            if at != args.len() {
+                return None;
+            }
+            basic::AMQPMethod::Deliver(basic::Deliver {
+                consumer_tag: consumer_tag.into(),
+                delivery_tag,
+                redelivered,
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            })
+        }
+        _ => return None,
+    };
+    Some(AMQPClass::Basic(method))
+}
+
+/// A short string at `at` (moved past it); `None` when cut short or not UTF-8.
+fn short_string<'a>(bytes: &'a [u8], at: &mut usize) -> Option<&'a str> {
+    let len = usize::from(*bytes.get(*at)?);
+    let text = std::str::from_utf8(bytes.get(*at + 1..*at + 1 + len)?).ok()?;
+    *at += 1 + len;
+    Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use amq_protocol::frame::{AMQPFrame, WriteContext, gen_frame};
+
+    use super::*;
+
+    /// A method frame's payload as amq-protocol encodes it.
+    fn payload(method: basic::AMQPMethod) -> Vec<u8> {
+        let frame = AMQPFrame::Method(1, AMQPClass::Basic(method));
+        let bytes = gen_frame(&frame)(WriteContext::from(Vec::new()))
+            .unwrap()
+            .write;
+        bytes[7..bytes.len() - 1].to_vec()
+    }
+
+    /// Read by hand, the per-message methods are what the codec reads; anything not whole
+    /// is left to the codec.
+    #[test]
+    fn per_message_methods_read_by_hand_are_what_the_codec_reads() {
+        let long = "r".repeat(255);
+        let mut methods = Vec::new();
+        for delivery_tag in [1, 4_096, u64::MAX] {
+            for multiple in [false, true] {
+                methods.push(basic::AMQPMethod::Ack(basic::Ack {
+                    delivery_tag,
+                    multiple,
+                }));
+                for requeue in [false, true] {
+                    methods.push(basic::AMQPMethod::Nack(basic::Nack {
+                        delivery_tag,
+                        multiple,
+                        requeue,
+                    }));
+                }
+                for (exchange, routing_key) in [("", "q"), ("orders", long.as_str()), ("é", "")] {
+                    methods.push(basic::AMQPMethod::Deliver(basic::Deliver {
+                        consumer_tag: "ctag-1".into(),
+                        delivery_tag,
+                        redelivered: multiple,
+                        exchange: exchange.into(),
+                        routing_key: routing_key.into(),
+                    }));
+                }
+            }
+        }
+        for method in methods {
+            let payload = payload(method.clone());
+            let by_codec = parse_class(payload.as_slice()).unwrap().1;
+            assert_eq!(per_message_method(&payload), Some(by_codec.clone()));
+            assert_eq!(by_codec, AMQPClass::Basic(method));
+            for cut in 0..payload.len() {
+                assert_eq!(per_message_method(&payload[..cut]), None, "cut at {cut}");
+            }
+            let mut longer = payload.clone();
+            longer.push(0);
+            assert_eq!(per_message_method(&longer), None);
+        }
+        let mut not_utf8 = payload(basic::AMQPMethod::Deliver(basic::Deliver {
+            consumer_tag: "c".into(),
+            delivery_tag: 1,
+            redelivered: false,
+            exchange: "x".into(),
+            routing_key: "k".into(),
+        }));
+        let last = not_utf8.len() - 1;
+        not_utf8[last] = 0xff;
+        assert_eq!(per_message_method(&not_utf8), None);
+        let other = payload(basic::AMQPMethod::QosOk(basic::QosOk {}));
+        assert_eq!(per_message_method(&other), None);
+    }
 }

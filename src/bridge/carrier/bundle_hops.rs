@@ -17,8 +17,8 @@ use super::settling::Settled;
 use super::{Carrier, Outcome, Stop};
 use crate::bridge::inlet::Tag;
 use crate::clock::until_epoch_ms;
+use crate::contract::Envelope;
 use crate::contract::bundle::{self, Summary};
-use crate::contract::{Envelope, hop_properties};
 
 /// A message that takes more than this in a bundle (body and properties) hops alone: a
 /// bundle must never be refused for a size its messages would pass alone.
@@ -117,7 +117,7 @@ impl Carrier {
         level: Duration,
         leaves_at: u64,
     ) -> Option<Outcome> {
-        let member = bundle::encode_member(&hop_properties(envelope), body)
+        let member = bundle::encode_hop_member(envelope, body)
             .filter(|member| member.len() <= MAX_MEMBER_BYTES)?;
         let key = (level, leaves_at);
         let due = envelope.occurrence.is_none().then_some(envelope.deliver_at);

@@ -25,7 +25,6 @@ use crate::bridge::turns::Lane;
 use crate::clock::{now_ms, until_epoch_ms};
 use crate::contract::Parked;
 use crate::contract::bundle::{self, Member, Summary};
-use crate::contract::consumed_properties;
 
 /// What the bridge is taken to hold per message of a bundle it carries, besides the bundle's
 /// body, for the byte budget: a decoded message's task state measured 928 bytes (see
@@ -402,9 +401,7 @@ impl Carrier {
         let members: Option<Vec<Vec<u8>>> = released
             .iter()
             .map(|message| match message {
-                Ok(decoded) => {
-                    bundle::encode_member(&consumed_properties(&decoded.envelope), &decoded.body)
-                }
+                Ok(decoded) => bundle::encode_consumed_member(&decoded.envelope, &decoded.body),
                 Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
             })
             .collect();
