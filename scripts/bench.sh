@@ -25,6 +25,8 @@
 #                                      # as target/bench/<version>/mixed.<run>.svg
 #   target/release/delay-bridge-bench mixed --plugin  # the soak's flow through the archived
 #                                      # plugin instead (enabled first; no cancels or parking)
+#   target/release/delay-bridge-bench capacity --plugin  # capacity's search through the archived
+#                                      # plugin (a fresh x-delayed-message exchange per run; no targets)
 #   DELAY_BRIDGE_BENCH_CAPACITY_BEFORE=3363 BENCH_BROKERS=3 bash scripts/bench.sh capacity
 #                                      # capacity's target is twice this figure: the capacity
 #                                      # measured on this machine before the first change for

@@ -3,6 +3,11 @@
 //! runs of `--seconds` each, every one on a fresh sandbox and bridge process: the rate
 //! doubles from `--from` until a run misses, then the last passing and the first missing
 //! rate are bisected (geometrically) until they are within `--resolution` of each other.
+//!
+//! With `--plugin` the same search measures the archived delayed-message plugin instead:
+//! each run is `plugin`'s steady pass through a fresh `x-delayed-message` exchange, no
+//! bridge runs, and the targets (which compare the bridge with a figure before) are left
+//! out.
 
 use anyhow::Result;
 use delay_bridge_bench::report;
@@ -14,8 +19,10 @@ use super::above_zero::above_zero;
 use super::baseline::{self, BaselineArgs};
 use super::broker_process::BrokerSeries;
 use super::cost::Cost;
-use super::steady::{Load, Measured, Shape, broker_name, trial};
-use super::{Spread, Target, bridge_description, ms, print_report, print_targets};
+use super::load::Arrivals;
+use super::process_usage::UsageSpan;
+use super::steady::{Load, Shape, broker_name};
+use super::{Spread, Target, bridge_description, ms, plugin, print_report, print_targets, steady};
 
 /// `bench capacity` options.
 #[derive(Debug, clap::Args)]
@@ -42,6 +49,11 @@ pub struct Args {
     /// the broker is the base, which another machine's speed makes meaningless.
     #[arg(long, env = "DELAY_BRIDGE_BENCH_CAPACITY_BEFORE", value_parser = above_zero)]
     before: Option<f64>,
+    /// Measure the archived delayed-message plugin (enabled on the broker) instead of the
+    /// bridge: each run publishes through a fresh `x-delayed-message` exchange, as
+    /// `plugin`'s steady pass does. No targets are printed (`--before` is not used).
+    #[arg(long)]
+    plugin: bool,
     #[command(flatten)]
     shape: Shape,
     #[command(flatten)]
@@ -57,9 +69,62 @@ const BEFORE_4X: f64 = 2000.0;
 /// The capacity target's factor over the figure before.
 const TARGET_FACTOR: f64 = 2.0;
 
+/// What one run measured, through a bridge or through the plugin.
+struct Trial {
+    /// What arrived.
+    arrivals: Arrivals,
+    /// Messages per second the publisher achieved.
+    achieved_rate: f64,
+    /// How busy the whole machine was during the run.
+    machine_busy: String,
+    /// CPU per message (the bridge's zero when the plugin carried the delays).
+    cost: Cost,
+    /// The bridge process's usage (`None`: the plugin carried the delays, no bridge ran).
+    bridge: Option<UsageSpan>,
+}
+
+impl Trial {
+    /// One steady run at `load`: through a fresh bridge, or with `plugin` through a fresh
+    /// delayed exchange.
+    async fn run(
+        base: &Config,
+        baseline: &baseline::Baseline,
+        load: &Load,
+        plugin: bool,
+    ) -> Result<Self> {
+        Ok(if plugin {
+            let pass = plugin::trial(base, baseline, load).await?;
+            Self {
+                arrivals: pass.arrivals,
+                achieved_rate: pass.achieved_rate,
+                machine_busy: pass.machine_busy,
+                cost: pass.cost,
+                bridge: None,
+            }
+        } else {
+            let m = steady::trial(base, baseline, load).await?;
+            Self {
+                arrivals: m.arrivals,
+                achieved_rate: m.achieved_rate,
+                machine_busy: m.machine_busy,
+                cost: m.cost,
+                bridge: Some(m.bridge),
+            }
+        })
+    }
+
+    /// The cost for the report: without the bridge's when no bridge ran.
+    fn cost_report(&self) -> report::Cost {
+        match self.bridge {
+            Some(_) => self.cost.report(),
+            None => self.cost.broker_report(),
+        }
+    }
+}
+
 /// A run passes when it achieved the asked rate (to 1%), lost nothing, and its p99
 /// lateness is within the limit.
-fn passes(m: &Measured, rate: f64, p99_limit_ms: f64) -> bool {
+fn passes(m: &Trial, rate: f64, p99_limit_ms: f64) -> bool {
     let p99 = Spread::of(&m.arrivals.lateness_us).map_or(i64::MAX, |s| s.p99);
     m.arrivals.missing() == 0
         && m.achieved_rate >= 0.99 * rate
@@ -120,15 +185,19 @@ impl RateSearch {
 }
 
 /// One run's line in the report.
-fn row(rate: f64, m: &Measured, pass: bool) -> String {
+fn row(rate: f64, m: &Trial, pass: bool) -> String {
     let spread = Spread::of(&m.arrivals.lateness_us);
     let (p99, max) = spread.map_or((i64::MAX, i64::MAX), |s| (s.p99, s.max));
     let broker = m
         .cost
         .broker_us()
         .map_or_else(|| "-".into(), |us| format!("{us:.0}"));
+    let bridge = match m.bridge {
+        Some(_) => format!("{:.0}", m.cost.bridge_us()),
+        None => "-".into(),
+    };
     format!(
-        "{:>8.0} {:>9.0} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10.0} {:>9} {}",
+        "{:>8.0} {:>9.0} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>9} {}",
         rate,
         m.achieved_rate,
         ms(p99),
@@ -136,14 +205,14 @@ fn row(rate: f64, m: &Measured, pass: bool) -> String {
         m.arrivals.missing(),
         m.arrivals.duplicates,
         broker,
-        m.cost.bridge_us(),
+        bridge,
         m.machine_busy.split(' ').next().unwrap_or(""),
         if pass { "pass" } else { "miss" },
     )
 }
 
 /// One run for the report.
-fn run_report(rate: f64, m: &Measured, pass: bool) -> report::CapacityRun {
+fn run_report(rate: f64, m: &Trial, pass: bool) -> report::CapacityRun {
     report::CapacityRun {
         rate,
         pass,
@@ -151,16 +220,21 @@ fn run_report(rate: f64, m: &Measured, pass: bool) -> report::CapacityRun {
         lateness: Spread::of(&m.arrivals.lateness_us).map(|s| s.report()),
         missing: m.arrivals.missing(),
         duplicates: m.arrivals.duplicates,
-        cost: m.cost.report(),
+        cost: m.cost_report(),
     }
 }
 
+/// Searches the capacity of the bridge (or with `--plugin`, of the plugin) and prints it.
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let (min, max) = args.shape.delays()?;
     anyhow::ensure!(
         args.ceiling >= args.from,
         "--ceiling must be at least --from"
     );
+    if args.plugin {
+        // Before the baseline: without the plugin there is nothing to measure.
+        plugin::ensure_enabled(base).await?;
+    }
     let first = args
         .baseline
         .measure(base, args.shape.body_size, args.from)
@@ -174,7 +248,13 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         format_duration(max),
         args.shape.body_size
     );
-    println!("bridge: {}", bridge_description());
+    let (label, carrier) = if args.plugin {
+        let through = "through a fresh x-delayed-message exchange each run; no bridge";
+        ("plugin", format!("{} {through}", plugin::DESCRIPTION))
+    } else {
+        ("bridge", bridge_description())
+    };
+    println!("{label}: {carrier}");
     println!("broker: {} ({})", base.url(), broker_name(&first));
     println!(
         "{:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>9}",
@@ -197,9 +277,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     };
     let mut runs = Vec::new();
     let mut search = RateSearch::new(args.from, args.ceiling, args.resolution);
-    let mut passing: Option<(f64, Measured)> = None;
+    let mut passing: Option<(f64, Trial)> = None;
     while let Some(rate) = search.next() {
-        let m = trial(base, &first, &load(rate)).await?;
+        let m = Trial::run(base, &first, &load(rate), args.plugin).await?;
         let pass = passes(&m, rate, args.p99_limit_ms);
         println!("{}", row(rate, &m, pass));
         runs.push(run_report(rate, &m, pass));
@@ -211,23 +291,18 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
 
     let capacity = search.capacity();
     // The cost at the capacity, beside one plain transit at that rate.
-    let at_capacity = match &passing {
-        Some((rate, m)) => {
+    let at_capacity = match passing {
+        Some((rate, mut m)) => {
             let plain = baseline::measure(
                 base,
                 1,
                 args.shape.body_size,
-                *rate,
+                rate,
                 args.baseline.baseline_paced_seconds,
             )
             .await?;
-            Some((
-                Cost {
-                    baseline_broker_us: plain.broker_us_per_message(),
-                    ..m.cost
-                },
-                m.bridge,
-            ))
+            m.cost.baseline_broker_us = plain.broker_us_per_message();
+            Some(m)
         }
         None => None,
     };
@@ -236,9 +311,52 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         "capacity: {capacity:.0} msg/s ({:.2}x the baseline's flat-out rate)",
         capacity / first.rate.max(1e-9)
     );
-    if let Some((cost, _)) = &at_capacity {
-        println!("at capacity, {}", cost.line());
+    match &at_capacity {
+        Some(m) if m.bridge.is_some() => println!("at capacity, {}", m.cost.line()),
+        Some(m) => println!("at capacity, CPU: broker {}", m.cost.broker_line()),
+        None => {}
     }
+    let report = report::Report::new(
+        "capacity",
+        report::Capacity {
+            p99_limit_ms: args.p99_limit_ms,
+            seconds: args.seconds,
+            min_delay_ms: min.as_millis() as u64,
+            max_delay_ms: max.as_millis() as u64,
+            capacity_msg_per_s: capacity,
+            cost_at_capacity: at_capacity.as_ref().map(Trial::cost_report),
+            runs,
+        },
+    )
+    .bridge(carrier)
+    .baseline(first.report());
+    if args.plugin {
+        // The targets compare the bridge with a figure before: nothing to say of the plugin.
+        println!("{}", report.to_line());
+        return Ok(());
+    }
+    let targets = targets(
+        args,
+        &first,
+        capacity,
+        at_capacity.as_ref().map(|m| &m.cost),
+    );
+    print_targets(&targets);
+    match at_capacity.and_then(|m| m.bridge) {
+        Some(usage) => print_report(report, &targets, &usage, None),
+        None => println!("{}", report.to_line()),
+    }
+    Ok(())
+}
+
+/// The bridge's targets: the capacity against twice the figure before (`--before`, or the
+/// reference machine's for the broker), and the broker's CPU per message at the capacity.
+fn targets(
+    args: &Args,
+    first: &baseline::Baseline,
+    capacity: f64,
+    cost: Option<&Cost>,
+) -> Vec<Target> {
     let series = first
         .broker
         .as_ref()
@@ -263,30 +381,10 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             false,
         ),
     }];
-    if let Some((cost, _)) = &at_capacity {
+    if let Some(cost) = cost {
         targets.push(cost.broker_target());
     }
-    print_targets(&targets);
-    let report = report::Report::new(
-        "capacity",
-        report::Capacity {
-            p99_limit_ms: args.p99_limit_ms,
-            seconds: args.seconds,
-            min_delay_ms: min.as_millis() as u64,
-            max_delay_ms: max.as_millis() as u64,
-            capacity_msg_per_s: capacity,
-            cost_at_capacity: at_capacity.as_ref().map(|(cost, _)| cost.report()),
-            runs,
-        },
-    )
-    .bridge(bridge_description())
-    .baseline(first.report());
-    let usage = at_capacity.map(|(_, usage)| usage);
-    match usage {
-        Some(usage) => print_report(report, &targets, &usage, None),
-        None => println!("{}", report.to_line()),
-    }
-    Ok(())
+    targets
 }
 
 #[cfg(test)]

@@ -55,18 +55,23 @@ impl Cost {
         self.bridge_cpu.as_secs_f64() * 1e6 / self.messages.max(1) as f64
     }
 
-    /// One line for the human report.
-    pub fn line(&self) -> String {
-        let broker = match (self.broker_us(), self.baseline_broker_us) {
+    /// The broker's CPU per message beside one plain transit, for the human report.
+    pub fn broker_line(&self) -> String {
+        match (self.broker_us(), self.baseline_broker_us) {
             (Some(us), Some(base)) => format!(
                 "{us:.0} us per message, {:.2}x one plain transit at the same rate ({base:.0} us)",
                 us / base.max(1e-9)
             ),
             (Some(us), None) => format!("{us:.0} us per message"),
             _ => "not measured".into(),
-        };
+        }
+    }
+
+    /// One line for the human report.
+    pub fn line(&self) -> String {
         format!(
-            "CPU: broker {broker}; bridge {:.0} us per message",
+            "CPU: broker {}; bridge {:.0} us per message",
+            self.broker_line(),
             self.bridge_us()
         )
     }
@@ -97,6 +102,15 @@ impl Cost {
             baseline_broker_cpu_us_per_msg: self.baseline_broker_us.map(|us| us.round()),
             broker_cpu_ratio: self.broker_ratio().map(|r| (r * 100.0).round() / 100.0),
             bridge_cpu_us_per_msg: Some(self.bridge_us().round()),
+        }
+    }
+
+    /// For the report of a run no bridge served (the delayed-message plugin): the broker's
+    /// figures only.
+    pub fn broker_report(&self) -> delay_bridge_bench::report::Cost {
+        delay_bridge_bench::report::Cost {
+            bridge_cpu_us_per_msg: None,
+            ..self.report()
         }
     }
 }

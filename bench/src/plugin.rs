@@ -2,7 +2,8 @@
 //! measured as `steady` and `burst` measure the bridge, for a comparison in one sitting: a
 //! steady rate through an `x-delayed-message` exchange (lateness, the broker's CPU per
 //! message beside one plain transit), then a burst due at one instant (drain rate). The
-//! plugin must be enabled on the broker; without it the scenario says so and fails.
+//! plugin must be enabled on the broker; without it the scenario says so and fails. Its
+//! steady pass ([`trial`]) is also what `capacity --plugin` runs at each rate.
 
 use std::time::Duration;
 
@@ -20,12 +21,12 @@ use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
 use delay_bridge::ladder::format_duration;
 
-use super::Spread;
 use super::above_zero::above_zero;
-use super::baseline::BaselineArgs;
-use super::cost::{broker_cpu_between, broker_cpu_now};
-use super::load::{Collector, Outgoing, body, publish};
-use super::steady::{Shape, broker_name};
+use super::baseline::{Baseline, BaselineArgs};
+use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
+use super::load::{Arrivals, Collector, Outgoing, body, publish};
+use super::steady::{Load, Shape, broker_name};
+use super::{MachineCpu, Spread};
 
 /// `bench plugin` options.
 #[derive(Debug, clap::Args)]
@@ -48,28 +49,27 @@ pub struct Args {
 /// The routing key of every message (the delayed exchange routes as `direct`).
 const KEY: &str = "plugin";
 
+/// What carries the delays when the plugin does, for the reports.
+pub const DESCRIPTION: &str =
+    "rabbitmq_delayed_message_exchange (the archived plugin, in the broker)";
+
+/// Runs the scenario: the steady pass, then the burst, through one delayed exchange.
 pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let (min, max) = args.shape.delays()?;
     let baseline = args
         .baseline
         .measure(base, args.shape.body_size, args.rate)
         .await?;
-    let conn = amqp::connect(base.url(), "delay-bridge bench plugin").await?;
-    let name = format!(
-        "delay-bridge-bench-plugin-{:06x}",
-        rand::random::<u32>() & 0xff_ffff
-    );
-    let channel = crate::load::confirm_channel(&conn).await?;
-    declare(&channel, &name).await?;
-    let measured = measure(base, &baseline, args, &conn, &name, (min, max)).await;
-    let cleanup = conn.create_channel().await?;
-    let _ = cleanup
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = cleanup
-        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
-    let _ = conn.close(200, "done".into()).await;
+    let load = Load {
+        rate: args.rate,
+        count: (args.rate * args.seconds).round().max(1.0) as u64,
+        min,
+        max,
+        body_size: args.shape.body_size,
+    };
+    let topology = DelayedTopology::declare(base).await?;
+    let measured = measure(base, &baseline, args, &topology, &load).await;
+    topology.delete().await;
     let m = measured?;
 
     println!(
@@ -83,27 +83,19 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     );
     println!("broker: {} ({})", base.url(), broker_name(&baseline));
     println!("{}", baseline.line());
-    let spread = Spread::of(&m.steady.lateness_us);
+    let steady = &m.steady.arrivals;
+    let spread = Spread::of(&steady.lateness_us);
     println!(
         "steady: received {}, missing {}, duplicates {}",
-        m.steady.received,
-        m.steady.missing(),
-        m.steady.duplicates
+        steady.received,
+        steady.missing(),
+        steady.duplicates
     );
     if let Some(s) = &spread {
         println!("lateness (arrival - due), ms: {}", Spread::header());
         println!("                              {}", s.row());
     }
-    let plain = baseline.broker_us_per_message();
-    let broker_line = match (m.broker_us, plain) {
-        (Some(us), Some(p)) => format!(
-            "{us:.0} us per message, {:.2}x one plain transit at the same rate ({p:.0} us)",
-            us / p.max(1e-9)
-        ),
-        (Some(us), None) => format!("{us:.0} us per message"),
-        _ => "not measured".into(),
-    };
-    println!("CPU: broker {broker_line}");
+    println!("CPU: broker {}", m.steady.cost.broker_line());
     if let Some((drain_s, received)) = m.burst {
         println!(
             "burst: received {received} of {}; drained in {drain_s:.2} s after the due instant: {:.0} msg/s = {:.2} x baseline",
@@ -119,19 +111,11 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             seconds: args.seconds,
             min_delay_ms: min.as_millis() as u64,
             max_delay_ms: max.as_millis() as u64,
-            received: m.steady.received,
-            missing: m.steady.missing(),
-            duplicates: m.steady.duplicates,
+            received: steady.received,
+            missing: steady.missing(),
+            duplicates: steady.duplicates,
             lateness: spread.map(|s| s.report()),
-            cost: report::Cost {
-                broker_cpu_us_per_msg: m.broker_us.map(|us| us.round()),
-                baseline_broker_cpu_us_per_msg: plain.map(|us| us.round()),
-                broker_cpu_ratio: m
-                    .broker_us
-                    .zip(plain)
-                    .map(|(us, p)| (us / p.max(1e-9) * 100.0).round() / 100.0),
-                bridge_cpu_us_per_msg: None,
-            },
+            cost: m.steady.cost.broker_report(),
             burst: m.burst.map(|(drain_s, received)| report::PluginBurst {
                 count: args.burst,
                 received,
@@ -146,6 +130,61 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     .baseline(baseline.report());
     println!("{}", report.to_line());
     Ok(())
+}
+
+/// Fails, saying how to enable it, unless the broker has the plugin: declares a delayed
+/// exchange and its queue, and deletes them.
+pub async fn ensure_enabled(base: &Config) -> Result<()> {
+    DelayedTopology::declare(base).await?.delete().await;
+    Ok(())
+}
+
+/// One steady pass through a fresh delayed exchange and queue (declared, then deleted),
+/// as `plugin` runs it: `capacity --plugin` runs one at each rate.
+pub async fn trial(base: &Config, baseline: &Baseline, load: &Load) -> Result<SteadyPass> {
+    let topology = DelayedTopology::declare(base).await?;
+    let pass = steady_pass(base, baseline, &topology, load).await;
+    topology.delete().await;
+    pass
+}
+
+/// A delayed exchange and the durable queue bound to it, both named
+/// `delay-bridge-bench-plugin-<random>`, and the connection that declared them.
+struct DelayedTopology {
+    conn: lapin::Connection,
+    name: String,
+}
+
+impl DelayedTopology {
+    /// Connects and declares a fresh exchange and its queue.
+    async fn declare(base: &Config) -> Result<Self> {
+        let conn = amqp::connect(base.url(), "delay-bridge bench plugin").await?;
+        let name = format!(
+            "delay-bridge-bench-plugin-{:06x}",
+            rand::random::<u32>() & 0xff_ffff
+        );
+        let channel = crate::load::confirm_channel(&conn).await?;
+        if let Err(e) = declare(&channel, &name).await {
+            // The queue may have been declared before the binding failed.
+            let topology = Self { conn, name };
+            topology.delete().await;
+            return Err(e);
+        }
+        Ok(Self { conn, name })
+    }
+
+    /// Deletes the queue and the exchange (what is left of them) and closes the connection.
+    async fn delete(self) {
+        if let Ok(cleanup) = self.conn.create_channel().await {
+            let _ = cleanup
+                .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = cleanup
+                .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+        let _ = self.conn.close(200, "done".into()).await;
+    }
 }
 
 /// Declares the delayed exchange (type `x-delayed-message`, routing as `direct`) and a
@@ -202,10 +241,22 @@ pub(super) async fn declare_delayed(channel: &Channel, name: &str) -> Result<()>
 
 /// What the plugin did.
 struct Measured {
-    steady: super::load::Arrivals,
-    broker_us: Option<f64>,
+    steady: SteadyPass,
     /// Seconds from the due instant to the last arrival, and how many arrived.
     burst: Option<(f64, u64)>,
+}
+
+/// What one steady pass through the plugin measured.
+pub struct SteadyPass {
+    /// What arrived.
+    pub arrivals: Arrivals,
+    /// Messages per second the publisher achieved.
+    pub achieved_rate: f64,
+    /// How busy the whole machine was during the pass.
+    pub machine_busy: String,
+    /// The broker's CPU per message, beside one plain transit at the same rate (no bridge:
+    /// its CPU is zero).
+    pub cost: Cost,
 }
 
 /// A persistent message with routing key `key` into `exchange`, delayed by `delay_ms`
@@ -229,68 +280,95 @@ pub(super) fn delayed(
     }
 }
 
+/// The steady pass, then the burst (when asked), through `topology`.
 async fn measure(
     base: &Config,
-    baseline: &super::baseline::Baseline,
+    baseline: &Baseline,
     args: &Args,
-    conn: &lapin::Connection,
-    name: &str,
-    (min, max): (Duration, Duration),
+    topology: &DelayedTopology,
+    load: &Load,
 ) -> Result<Measured> {
-    let count = (args.rate * args.seconds).round().max(1.0) as u64;
+    let steady = steady_pass(base, baseline, topology, load).await?;
+    let burst = if args.burst > 0 {
+        Some(burst(base, baseline, topology, args.burst, load.body_size).await?)
+    } else {
+        None
+    };
+    Ok(Measured { steady, burst })
+}
+
+/// `load.count` messages at `load.rate` into the topology's exchange, each delayed
+/// uniformly over [`load.min`, `load.max`], collected from its queue.
+async fn steady_pass(
+    base: &Config,
+    baseline: &Baseline,
+    topology: &DelayedTopology,
+    load: &Load,
+) -> Result<SteadyPass> {
+    let (name, count) = (topology.name.as_str(), load.count);
     let consumer = amqp::connect(base.url(), "delay-bridge bench plugin collector").await?;
     let collector = Collector::start(&consumer, name, count).await?;
-    let channel = crate::load::confirm_channel(conn).await?;
+    let channel = crate::load::confirm_channel(&topology.conn).await?;
     let broker_start = broker_cpu_now(baseline)?;
-    let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
-    publish(&channel, count, Some(args.rate), |seq| {
+    let machine = MachineCpu::now();
+    let (min_ms, max_ms) = (load.min.as_millis() as u64, load.max.as_millis() as u64);
+    let published = publish(&channel, count, Some(load.rate), |seq| {
         delayed(
             name,
             KEY,
             seq,
             rand::random_range(min_ms..=max_ms),
-            args.shape.body_size,
+            load.body_size,
         )
     })
     .await?;
-    let deadline = tokio::time::Instant::now() + max + Duration::from_secs(30);
-    let steady = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let deadline = tokio::time::Instant::now() + load.max + Duration::from_secs(30);
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let broker_end = broker_cpu_now(baseline)?;
-    let broker_us = broker_cpu_between(broker_start, broker_end)
-        .map(|cpu| cpu.as_secs_f64() * 1e6 / count as f64);
-
-    let burst = if args.burst > 0 {
-        let collector = Collector::start(&consumer, name, args.burst).await?;
-        // Due far enough ahead that publishing ends first.
-        let lead = Duration::from_secs(3)
-            + Duration::from_secs_f64(3.0 * args.burst as f64 / baseline.rate);
-        let due = now_ms() + lead.as_millis() as u64;
-        publish(&channel, args.burst, None, |seq| {
-            let mut out = delayed(
-                name,
-                KEY,
-                seq,
-                due.saturating_sub(now_ms()),
-                args.shape.body_size,
-            );
-            out.body = body(seq, due * 1000, args.shape.body_size);
-            out
-        })
-        .await?;
-        let deadline = tokio::time::Instant::now() + lead + Duration::from_secs(60);
-        let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
-        if arrivals.received == 0 {
-            bail!("no message of the burst arrived");
-        }
-        let drain_s = arrivals.last_us.saturating_sub(due * 1000) as f64 / 1e6;
-        Some((drain_s, arrivals.received))
-    } else {
-        None
-    };
+    let machine_busy = machine.busy_since(&MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
-    Ok(Measured {
-        steady,
-        broker_us,
-        burst,
+    let publish_s = published.confirmed_us.saturating_sub(published.started_us) as f64 / 1e6;
+    Ok(SteadyPass {
+        arrivals,
+        achieved_rate: count as f64 / publish_s.max(1e-9),
+        machine_busy,
+        cost: Cost {
+            messages: count,
+            broker_cpu: broker_cpu_between(broker_start, broker_end),
+            baseline_broker_us: baseline.broker_us_per_message(),
+            bridge_cpu: Duration::ZERO,
+        },
     })
+}
+
+/// `count` messages all due at one instant into the topology's exchange: seconds from the
+/// due instant to the last arrival, and how many arrived.
+async fn burst(
+    base: &Config,
+    baseline: &Baseline,
+    topology: &DelayedTopology,
+    count: u64,
+    body_size: usize,
+) -> Result<(f64, u64)> {
+    let name = topology.name.as_str();
+    let consumer = amqp::connect(base.url(), "delay-bridge bench plugin collector").await?;
+    let collector = Collector::start(&consumer, name, count).await?;
+    let channel = crate::load::confirm_channel(&topology.conn).await?;
+    // Due far enough ahead that publishing ends first.
+    let lead = Duration::from_secs(3) + Duration::from_secs_f64(3.0 * count as f64 / baseline.rate);
+    let due = now_ms() + lead.as_millis() as u64;
+    publish(&channel, count, None, |seq| {
+        let mut out = delayed(name, KEY, seq, due.saturating_sub(now_ms()), body_size);
+        out.body = body(seq, due * 1000, body_size);
+        out
+    })
+    .await?;
+    let deadline = tokio::time::Instant::now() + lead + Duration::from_secs(60);
+    let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let _ = consumer.close(200, "done".into()).await;
+    if arrivals.received == 0 {
+        bail!("no message of the burst arrived");
+    }
+    let drain_s = arrivals.last_us.saturating_sub(due * 1000) as f64 / 1e6;
+    Ok((drain_s, arrivals.received))
 }

@@ -54,9 +54,7 @@ impl Via {
     pub(super) fn description(&self) -> String {
         match self {
             Via::Bridge { .. } => bridge_description(),
-            Via::Plugin { .. } => {
-                "rabbitmq_delayed_message_exchange (the archived plugin, in the broker)".into()
-            }
+            Via::Plugin { .. } => crate::plugin::DESCRIPTION.into(),
         }
     }
 }
