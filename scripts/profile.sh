@@ -19,6 +19,12 @@
 # PROFILE_RECORD=callgraph records call graphs too (`--call-graph dwarf`, 299 Hz), to see
 # who calls the allocator: `perf report -i target/profile-bridge.data --no-children -S
 # malloc -G`.
+# With PROFILE_ALLOCS=1 the bridge's calls to glibc's malloc, realloc and free are counted
+# over the window instead (uprobes: `perf probe -x <libc> malloc`; each call traps, so the
+# bridge runs several times slower meanwhile and the run's lateness means nothing); divide
+# by rate x seconds for calls per message. PROFILE_ALLOCS=callgraph also records who calls
+# malloc (every 10th call, DWARF unwinding) into target/profile-allocs.data, and prints
+# the nearest function of the project or its AMQP client above each allocation.
 # With PROFILE_EPROF=<part of a queue name> (for example `.work`, or `baseline`), the queue
 # process whose name contains it is then traced for PROFILE_EPROF_SECONDS (5) with Erlang's
 # eprof, and its busiest functions are printed by calls, with their calls per delivery the
@@ -92,7 +98,18 @@ events=syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_write
 perf stat -e "$events" -p "$broker_pid" -o /dev/stdout -- sleep "$seconds" | sed 's/^/broker: /' &
 perf_broker=$!
 perf_bridge=""
-if [ -n "$bridge" ]; then
+if [ -n "$bridge" ] && [ -n "${PROFILE_ALLOCS:-}" ]; then
+  libc=$(ldd "/proc/$bridge/exe" | awk '/libc\.so/ {print $3}')
+  for f in malloc realloc free; do
+    perf probe -q -x "$libc" "$f" 2>/dev/null || true # already there from an earlier run
+  done
+  perf stat -e probe_libc:malloc,probe_libc:realloc,probe_libc:free -p "$bridge" -o /dev/stdout -- sleep "$seconds" | sed 's/^/bridge allocations: /' &
+  perf_bridge=$!
+  if [ "$PROFILE_ALLOCS" = callgraph ]; then
+    perf record -q -e probe_libc:malloc -c 10 --call-graph dwarf,32768 -p "$bridge" -o target/profile-allocs.data -- sleep "$seconds" 2>/dev/null &
+    perf_bridge="$perf_bridge $!"
+  fi
+elif [ -n "$bridge" ]; then
   perf stat -e "$events" -p "$bridge" -o /dev/stdout -- sleep "$seconds" | sed 's/^/bridge: /' &
   perf_bridge=$!
   if [ "${PROFILE_RECORD:-}" = callgraph ]; then
@@ -171,6 +188,15 @@ if [ -n "${PROFILE_RECORD:-}" ] && [ -f target/profile-bridge.data ]; then
       total[where] += pct
     }
     END { for (w in total) printf "  %6.2f%%  %s\n", total[w], w }' | sort -k1,1nr | head -15
+fi
+if [ "${PROFILE_ALLOCS:-}" = callgraph ] && [ -f target/profile-allocs.data ]; then
+  echo "who calls malloc (every 10th call; the nearest function of the project or its AMQP client, share of samples):"
+  perf script -i target/profile-allocs.data -F sym 2>/dev/null | awk '
+    /^$/ { if (seen) { n++; who[first]++ }; seen = 0; first = ""; next }
+    { sub(/^[ \t]+/, ""); sub(/::h[0-9a-f]{16}$/, "") }
+    !seen && /(delay_bridge|amq_protocol|lapin)::/ && !/^(<)?(alloc|core|std)::/ { first = $0; seen = 1 }
+    END { if (seen) { n++; who[first]++ }; for (w in who) printf "  %5.1f%%  %s\n", 100 * who[w] / n, substr(w, 1, 140) }' |
+    sort -k1,1nr | head -20
 fi
 after=$(threads)
 broker_after=$(broker_threads)

@@ -1,6 +1,6 @@
 //! The return side of bundles: a bundle that comes back through the work exchange is
-//! passed on whole into its next level when all its messages go there together, or carried
-//! as its messages, each as a delivery of its own would be. Its delivery is acked once
+//! passed on whole into its next level when all its messages go there together (by the
+//! hop side, `bundle_hops`), or carried as its messages, each as a delivery of its own would be. Its delivery is acked once
 //! every message in it is settled (hopped again, delivered, parked or dropped). When the
 //! session stops first, the messages not yet settled travel on as a bundle of their own
 //! through the work exchange before the delivery is acked, so a graceful stop delivers
@@ -9,20 +9,23 @@
 //! fault). The hop side is `bundle_hops`.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::Arc;
 
 use lapin::BasicProperties;
 use lapin::types::ShortString;
 
-use super::planner::{self, Decision, Situation};
-use super::publish::Attempt;
+use super::bundle_hops::Bundler;
+use super::gate::BundleGate;
+use super::intake::{Decoded, Reader, Undecodable};
+use super::parking::Parking;
+use super::publish::{Attempt, signed};
 use super::settling::Settled;
-use super::{Carrier, Decoded, Outcome, Stop, Undecodable};
+use super::{Outcome, Sending, Stop};
 use crate::amqp::wire::Delivery;
-use crate::bridge::inlet::{Inlet, Tag};
-use crate::bridge::turns::Lane;
-use crate::clock::{now_ms, until_epoch_ms};
+use crate::bridge::inlet::Tag;
+use crate::bridge::turns::{Lane, Lanes};
+use crate::clock::now_ms;
+use crate::config::Config;
 use crate::contract::Parked;
 use crate::contract::bundle::{self, Member, Summary};
 
@@ -32,7 +35,7 @@ use crate::contract::bundle::{self, Member, Summary};
 pub(super) const HELD_MESSAGE_BYTES: u64 = 1024;
 
 /// A bundle that came back, ready to be carried.
-pub(in crate::bridge) enum PreparedBundle {
+pub(super) enum PreparedBundle {
     /// Its messages, read one by one.
     Read(Bundle),
     /// Back from a level with a header that says when its first and last messages are due:
@@ -44,10 +47,17 @@ pub(in crate::bridge) enum PreparedBundle {
 }
 
 /// A message of a bundle as it was read: decoded, or why it is parked.
-type Read = Result<Decoded, Box<Undecodable>>;
+pub(super) type Read = Result<Decoded, Box<Undecodable>>;
+
+/// Carries one message a bundle brought back, as a delivery of its own would be: the
+/// carrier's step loop, as [`BundleReturns`] sees it.
+pub(super) trait CarryMessage {
+    /// Carries a decoded message, or parks one that could not be decoded.
+    fn carry_message<'a>(&'a self, message: &'a Read) -> impl Future<Output = Outcome> + Send + 'a;
+}
 
 /// The messages of a bundle that came back.
-pub(in crate::bridge) struct Bundle {
+pub(super) struct Bundle {
     /// Its delivery.
     tag: Tag,
     /// The routing key it came back with (its level's name).
@@ -56,18 +66,18 @@ pub(in crate::bridge) struct Bundle {
     messages: Vec<Read>,
 }
 
-/// A bundle kept as it came (see [`PreparedBundle::Sealed`]): read only should its messages
-/// go apart.
 /// What a bundle's delivery says of every message in it.
 #[derive(Clone, Copy)]
-pub(in crate::bridge) struct Provenance {
+pub(super) struct Provenance {
     /// The broker flagged the delivery redelivered (see `Decoded::redelivered`).
     redelivered: bool,
     /// The bridge vouches for the bundle's state (see `Undecodable::vouched`).
     vouched: bool,
 }
 
-pub(in crate::bridge) struct Sealed {
+/// A bundle kept as it came (see [`PreparedBundle::Sealed`]): read only should its messages
+/// go apart.
+pub(super) struct Sealed {
     /// Its delivery.
     tag: Tag,
     /// The exchange it came back through (the work exchange).
@@ -86,14 +96,32 @@ pub(in crate::bridge) struct Sealed {
     summary: Summary,
 }
 
-impl Carrier {
-    /// Prepares a bundle that came back through the work exchange: kept sealed when it came
-    /// back from a level, hops travel in bundles and its header says when its first and
-    /// last messages are due (whether they go on together is decided once, when it is
-    /// carried), else read into its messages, each decoded as a delivery of its own would
-    /// be (a bundle redelivered too often parks every message in it `redelivery-limit`).
-    pub(super) fn prepare_bundle(
+/// Carries the bundles that come back; holds the lanes their messages take turns in at
+/// publishing to their targets. One per session: its clones share the lanes.
+#[derive(Clone)]
+pub(super) struct BundleReturns {
+    /// The turns the messages of bundles take at publishing to their targets.
+    lanes: Arc<Lanes>,
+}
+
+impl BundleReturns {
+    /// No lane open yet.
+    pub(super) fn new() -> Self {
+        Self {
+            lanes: Lanes::new(),
+        }
+    }
+
+    /// Prepares a bundle that came back through the work exchange, read with `reader`:
+    /// kept sealed when it came back from a level, hops travel in bundles (`gate`) and its
+    /// header says when its first and last messages are due (whether they go on together
+    /// is decided once, when it is carried), else read into its messages, each decoded as
+    /// a delivery of its own would be (a bundle redelivered too often parks every message
+    /// in it `redelivery-limit`).
+    pub(super) fn prepare(
         &self,
+        reader: Reader<'_>,
+        gate: &BundleGate,
         tag: Tag,
         delivery: Delivery,
         redeliveries: Option<u32>,
@@ -115,23 +143,21 @@ impl Carrier {
                 vouched,
             }))
         };
-        let provenance = match self.reader().check_signature(&exchange, &properties, &data) {
+        let provenance = match reader.check_signature(&exchange, &properties, &data) {
             Ok(vouched) => Provenance {
                 redelivered: redeliveries.is_some(),
                 vouched,
             },
             Err(parked) => return unreadable(data, routing_key, properties, parked, false),
         };
-        let too_often = self
-            .reader()
-            .redelivered_too_often(&properties, redeliveries);
+        let too_often = reader.redelivered_too_often(&properties, redeliveries);
         let summary = bundle::summary(&properties);
         let count = bundle::count(&properties).and_then(|count| usize::try_from(count).ok());
         if let Some(count) = count
             && too_often.is_none()
             && summary.due.is_some()
-            && !self.back_from_returns(&routing_key)
-            && self.gate.is_open()
+            && !back_from_returns(reader.config, &routing_key)
+            && gate.is_open()
         {
             return PreparedBundle::Sealed(Box::new(Sealed {
                 tag,
@@ -145,6 +171,7 @@ impl Carrier {
             }));
         }
         let read = self.read_bundle(
+            reader,
             tag,
             &exchange,
             &routing_key,
@@ -159,19 +186,14 @@ impl Carrier {
         }
     }
 
-    /// True for a delivery back from the returns queue (level zero): its messages wait out
-    /// their last moments here; back from a level, they move there first.
-    fn back_from_returns(&self, routing_key: &ShortString) -> bool {
-        routing_key.as_str() == self.shared.config.names.returns_queue()
-    }
-
-    /// Reads a bundle's messages from its `properties` and `body`, each decoded (or parked
-    /// as `too_often` says), with the hops its header says their state does not count, and
-    /// `redelivered` when the broker flagged the bundle's delivery so; why the whole bundle
-    /// is parked when it cannot be read.
+    /// Reads a bundle's messages from its `properties` and `body` with `reader`, each
+    /// decoded (or parked as `too_often` says), with the hops its header says their state
+    /// does not count, and `redelivered` when the broker flagged the bundle's delivery so;
+    /// why the whole bundle is parked when it cannot be read.
     #[allow(clippy::too_many_arguments)]
     fn read_bundle(
         &self,
+        reader: Reader<'_>,
         tag: Tag,
         exchange: &ShortString,
         routing_key: &ShortString,
@@ -183,7 +205,7 @@ impl Carrier {
         let read_at = now_ms();
         let members = bundle::decode_bundle(properties, body)?;
         let uncounted_hops = bundle::summary(properties).uncounted_hops;
-        let waits_here = self.back_from_returns(routing_key);
+        let waits_here = back_from_returns(reader.config, routing_key);
         // A lane per due instant: a burst's messages (due at one instant) take turns as one
         // lane, and each message due after them in the same bundle as a lane of its own,
         // so it waits for a turn of the burst, not behind all of it.
@@ -193,7 +215,7 @@ impl Carrier {
             .map(|Member { properties, body }| {
                 let decoded = match &too_often {
                     Some(parked) => Err(parked.clone()),
-                    None => self.reader().decode(exchange, routing_key, &properties),
+                    None => reader.decode(exchange, routing_key, &properties),
                 };
                 match decoded {
                     Ok(mut envelope) => {
@@ -231,109 +253,33 @@ impl Carrier {
         })
     }
 
-    /// The one level and window every message of a bundle back from a level (delivery
-    /// `tag`, header `summary`, `body`) goes on to now, if they do: the first and the last
-    /// due go on into the same one (so every message between does), no cancel names one of
-    /// them, and hops travel in bundles.
-    fn sealed_next_level(
+    /// Carries a bundle that came back, with `sending` and its messages by `carrier`:
+    /// passes it on whole (by the `bundler`), or carries every message of it at once (done
+    /// when all are), or parks it whole.
+    pub(super) async fn carry(
         &self,
-        tag: Tag,
-        summary: &Summary,
-        body: &[u8],
-    ) -> Option<(Duration, u64)> {
-        if !self.gate.is_open() {
-            return None;
-        }
-        let (first, last) = summary.due?;
-        let rules = self.rules();
-        let now_ms = now_ms();
-        let decide = |deliver_at| {
-            let situation = Situation {
-                now_ms,
-                deliver_at,
-                bundled: true,
-                in_window: rules.hop_window.is_zero(),
-                waits_here: false,
-                from_work: tag.inlet == Inlet::Work,
-            };
-            planner::decide(&situation, &rules)
-        };
-        let next = decide(first);
-        let Decision::Bundle { level, leaves_at } = next else {
-            return None;
-        };
-        if decide(last) != next {
-            return None;
-        }
-        let tombstones = self.shared.tombstones.lock().expect("tombstone lock");
-        if !tombstones.is_empty() {
-            for id in bundle::member_message_ids(body)?.into_iter().flatten() {
-                match std::str::from_utf8(id) {
-                    Ok(id) if !tombstones.names(id) => {}
-                    _ => return None,
-                }
-            }
-        }
-        Some((level, leaves_at))
-    }
-
-    /// Passes a sealed bundle on whole into the one level all its messages go to, when they
-    /// still do: its body as it came, its hop counted on the bundle. `None` when it must be
-    /// read and carried message by message instead (they go apart now, or the level
-    /// refused it).
-    async fn pass_sealed(&self, sealed: &Sealed) -> Option<Outcome> {
-        let (level, leaves_at) =
-            self.sealed_next_level(sealed.tag, &sealed.summary, &sealed.body)?;
-        tokio::select! {
-            _ = tokio::time::sleep(until_epoch_ms(leaves_at)) => {}
-            _ = self.stop.cancelled() => return Some(Err(Stop::Release)),
-        }
-        let (exchange, queue) = self.level_route(level);
-        let summary = Summary {
-            uncounted_hops: sealed.summary.uncounted_hops.saturating_add(1),
-            ..sealed.summary
-        };
-        let properties = bundle::summarised_properties(sealed.count, &summary);
-        let attempt = Attempt::own(
-            sealed.tag,
-            &queue,
-            exchange,
-            &queue,
-            &sealed.body,
-            self.signed(properties, &sealed.body),
-        );
-        match self.publishing.until_settled(attempt).await {
-            Ok(Settled::Routed) => {
-                let stats = &self.shared.stats;
-                stats.bundles.fetch_add(1, Ordering::Relaxed);
-                stats.passed_whole.fetch_add(1, Ordering::Relaxed);
-                stats.hops.fetch_add(sealed.count as u64, Ordering::Relaxed);
-                tracing::trace!(queue, messages = sealed.count, "bundle passed on whole");
-                Some(Ok(()))
-            }
-            Ok(Settled::Park(refused)) => {
-                tracing::warn!(
-                    queue,
-                    messages = sealed.count,
-                    reason = refused.reason.as_str(),
-                    "a level refused a bundle passed on whole: its messages go on one by one"
-                );
-                None
-            }
-            Err(stop) => Some(Err(stop)),
-        }
-    }
-
-    /// Carries a bundle that came back: passes it on whole, or carries every message of it
-    /// at once (done when all are), or parks it whole.
-    pub(super) async fn carry_bundle(&self, prepared: &PreparedBundle) -> Outcome {
+        sending: Sending<'_>,
+        bundler: &Bundler,
+        carrier: &impl CarryMessage,
+        prepared: &PreparedBundle,
+    ) -> Outcome {
         match prepared {
-            PreparedBundle::Read(bundle) => self.carry_messages(bundle).await,
+            PreparedBundle::Read(bundle) => carry_messages(sending, carrier, bundle).await,
             PreparedBundle::Sealed(sealed) => {
-                if let Some(outcome) = self.pass_sealed(sealed).await {
+                if let Some(outcome) = bundler
+                    .pass_whole(
+                        sending,
+                        sealed.tag,
+                        &sealed.summary,
+                        sealed.count,
+                        &sealed.body,
+                    )
+                    .await
+                {
                     return outcome;
                 }
                 let read = self.read_bundle(
+                    Reader::of(sending.shared),
                     sealed.tag,
                     &sealed.exchange,
                     &sealed.routing_key,
@@ -343,9 +289,9 @@ impl Carrier {
                     sealed.provenance,
                 );
                 match read {
-                    Ok(bundle) => self.carry_messages(&bundle).await,
+                    Ok(bundle) => carry_messages(sending, carrier, &bundle).await,
                     Err(parked) => {
-                        Box::pin(self.park(
+                        Box::pin(Parking::new(sending.shared, sending.publishing).park(
                             sealed.tag,
                             &sealed.body,
                             &sealed.routing_key,
@@ -358,76 +304,87 @@ impl Carrier {
                 }
             }
             PreparedBundle::Unreadable(unreadable) => {
-                Box::pin(self.park(
-                    unreadable.tag,
-                    &unreadable.body,
-                    &unreadable.routing_key,
-                    &unreadable.consumed,
-                    &unreadable.parked,
-                    unreadable.vouched,
-                ))
+                Box::pin(
+                    Parking::new(sending.shared, sending.publishing).park_undecodable(unreadable),
+                )
                 .await
             }
         }
     }
+}
 
-    /// Carries every message of a bundle at once; done when all are.
-    async fn carry_messages(&self, bundle: &Bundle) -> Outcome {
-        let outcomes = futures::future::join_all(
-            bundle
-                .messages
-                .iter()
-                .map(|message| self.carry_prepared(message)),
-        )
-        .await;
-        let mut released = Vec::new();
-        for (message, outcome) in bundle.messages.iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => {}
-                Err(Stop::Release) => released.push(message),
-                Err(Stop::Failed(error)) => return Err(Stop::Failed(error)),
-            }
-        }
-        if released.is_empty() {
-            return Ok(());
-        }
-        self.pass_on(bundle, &released).await
-    }
+/// True for a delivery back from the returns queue (level zero), by the names in
+/// `config`: its messages wait out their last moments here; back from a level, they move
+/// there first.
+fn back_from_returns(config: &Config, routing_key: &ShortString) -> bool {
+    routing_key.as_str() == config.names.returns_queue()
+}
 
-    /// Sends the messages of `bundle` a stop released on through the work exchange, as a
-    /// bundle of their own: once that is confirmed, the bundle's delivery is done and none
-    /// of its settled messages comes again.
-    async fn pass_on(&self, bundle: &Bundle, released: &[&Read]) -> Outcome {
-        let members: Option<Vec<Vec<u8>>> = released
+/// Carries every message of a bundle at once by `carrier`; done when all are (what a stop
+/// released is passed on with `sending`).
+async fn carry_messages(
+    sending: Sending<'_>,
+    carrier: &impl CarryMessage,
+    bundle: &Bundle,
+) -> Outcome {
+    let outcomes = futures::future::join_all(
+        bundle
+            .messages
             .iter()
-            .map(|message| match message {
-                Ok(decoded) => bundle::encode_consumed_member(&decoded.envelope, &decoded.body),
-                Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
-            })
-            .collect();
-        // They were read from a bundle, so they fit one; should one not, all go back.
-        let Some(members) = members else {
-            return Err(Stop::Release);
-        };
-        let body = bundle::bundle_body(members.iter().map(Vec::as_slice));
-        let attempt = Attempt::own(
-            bundle.tag,
-            "the work queue",
-            &self.shared.work_exchange,
-            bundle.routing_key.as_str(),
-            &body,
-            self.signed(bundle::bundle_properties(members.len()), &body),
-        );
-        match self.publishing.until_settled(attempt).await {
-            Ok(Settled::Routed) => {
-                tracing::debug!(
-                    messages = members.len(),
-                    "stopping: passed the unsettled messages of a bundle on"
-                );
-                Ok(())
-            }
-            Ok(Settled::Park(_)) | Err(Stop::Release) => Err(Stop::Release),
-            Err(Stop::Failed(error)) => Err(Stop::Failed(error)),
+            .map(|message| carrier.carry_message(message)),
+    )
+    .await;
+    let mut released = Vec::new();
+    for (message, outcome) in bundle.messages.iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => {}
+            Err(Stop::Release) => released.push(message),
+            Err(Stop::Failed(error)) => return Err(Stop::Failed(error)),
         }
+    }
+    if released.is_empty() {
+        return Ok(());
+    }
+    pass_on(sending, bundle, &released).await
+}
+
+/// Sends the messages of `bundle` a stop released on through the work exchange with
+/// `sending`, as a bundle of their own: once that is confirmed, the bundle's delivery is
+/// done and none of its settled messages comes again.
+async fn pass_on(sending: Sending<'_>, bundle: &Bundle, released: &[&Read]) -> Outcome {
+    let members: Option<Vec<Vec<u8>>> = released
+        .iter()
+        .map(|message| match message {
+            Ok(decoded) => bundle::encode_consumed_member(&decoded.envelope, &decoded.body),
+            Err(undecodable) => bundle::encode_member(&undecodable.consumed, &undecodable.body),
+        })
+        .collect();
+    // They were read from a bundle, so they fit one; should one not, all go back.
+    let Some(members) = members else {
+        return Err(Stop::Release);
+    };
+    let body = bundle::bundle_body(members.iter().map(Vec::as_slice));
+    let attempt = Attempt::own(
+        bundle.tag,
+        "the work queue",
+        &sending.shared.work_exchange,
+        bundle.routing_key.as_str(),
+        &body,
+        signed(
+            &sending.shared.config,
+            bundle::bundle_properties(members.len()),
+            &body,
+        ),
+    );
+    match sending.publishing.until_settled(attempt).await {
+        Ok(Settled::Routed) => {
+            tracing::debug!(
+                messages = members.len(),
+                "stopping: passed the unsettled messages of a bundle on"
+            );
+            Ok(())
+        }
+        Ok(Settled::Park(_)) | Err(Stop::Release) => Err(Stop::Release),
+        Err(Stop::Failed(error)) => Err(Stop::Failed(error)),
     }
 }

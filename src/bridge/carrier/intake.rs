@@ -1,16 +1,71 @@
 //! Reading a delivery into what the carrier carries: its signature checked, its redeliveries
-//! counted, its headers decoded into an [`Envelope`], or the reason it is parked. No I/O:
-//! the configuration and the time are all it reads.
+//! counted, its headers decoded into an [`Envelope`], or the reason it is parked (a bundle's
+//! messages are read by `bundle_returns`). No I/O: the configuration and the time are all
+//! it reads.
 
 use lapin::types::ShortString;
 
-use super::{Decoded, Undecodable};
-use crate::amqp::wire::Delivery;
+use super::bundle_returns::{BundleReturns, PreparedBundle};
+use super::gate::BundleGate;
+use crate::amqp::wire::{Delivery, Raw};
+use crate::bridge::Shared;
 use crate::bridge::inlet::{Inlet, Tag};
+use crate::bridge::turns::Lane;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::contract::signature::Trust;
-use crate::contract::{self, Envelope, Incoming, Intake, ParkReason, Parked};
+use crate::contract::{self, Envelope, Incoming, Intake, ParkReason, Parked, bundle};
+
+/// A decoded delivery on its way to its target.
+pub(super) struct Decoded {
+    pub(super) tag: Tag,
+    pub(super) body: Vec<u8>,
+    pub(super) envelope: Envelope,
+    /// When the bridge read it, epoch ms (for the delivered log line).
+    pub(super) read_at: u64,
+    /// With bundled hops: whether it may wait out its last moments on the delivery it came
+    /// in (see `planner::Situation::waits_here`). A new message, or one of a bundle back from a level,
+    /// moves to the returns queue to wait instead, so that the delivery it came in is
+    /// settled within its window.
+    pub(super) waits_here: bool,
+    /// For a message of a bundle, its lane (the bundle's messages due at its instant): it
+    /// publishes to its target in turns with the other lanes (see `bridge::turns`).
+    pub(super) lane: Option<Lane>,
+    /// True for a message taken in from a route's ingress (not back from a level).
+    pub(super) taken_in: bool,
+    /// True when the broker flagged the delivery it came in redelivered: a copy of it may
+    /// already have been published (a hop, a next occurrence) before the delivery was
+    /// given back, so a recurring occurrence is born again (see
+    /// [`Occurrences::reborn`](super::occurrences::Occurrences::reborn)).
+    pub(super) redelivered: bool,
+}
+
+/// A delivery that could not be decoded: parked as it was consumed (a new message without
+/// the `delay-bridge-*` headers its publisher set).
+pub(super) struct Undecodable {
+    /// The delivery it came in (a bundle's, for a message of a bundle).
+    pub(super) tag: Tag,
+    pub(super) body: Vec<u8>,
+    pub(super) routing_key: ShortString,
+    pub(super) consumed: lapin::BasicProperties,
+    pub(super) parked: Parked,
+    /// True when the bridge state in `consumed` is the bridge's own (its signature held, or
+    /// no key is set): the parked copy is then signed, so that `parked replay` may send it
+    /// back. A copy whose signature failed is never signed again.
+    pub(super) vouched: bool,
+}
+
+/// A delivery ready to be carried. Most are `One`: boxing it would cost every delivery an
+/// allocation to spare the few bundles some bytes.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Prepared {
+    /// A message that came alone.
+    One(Result<Decoded, Box<Undecodable>>),
+    /// A bundle of messages that hopped together.
+    Bundle(PreparedBundle),
+    /// A delivery the AMQP codec cannot read in full, and its body: parked.
+    Unreadable(Box<Raw>, Vec<u8>),
+}
 
 /// What reading a delivery needs: the configuration and the work exchange's name.
 #[derive(Clone, Copy)]
@@ -20,13 +75,43 @@ pub(super) struct Reader<'a> {
     pub(super) work_exchange: &'a str,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// What reading a delivery needs, from the bridge's shared state.
+    pub(super) fn of(shared: &'a Shared) -> Self {
+        Self {
+            config: &shared.config,
+            work_exchange: &shared.work_exchange,
+        }
+    }
+
+    /// Reads a delivery into what is carried: one the AMQP codec could not read, as it came;
+    /// a bundle back through the work exchange, by `returns` (kept sealed only while `gate`
+    /// is open); any other, decoded. `redeliveries` as for [`Reader::prepare_one`].
+    pub(super) fn prepare(
+        self,
+        returns: &BundleReturns,
+        gate: &BundleGate,
+        tag: Tag,
+        delivery: Delivery,
+        redeliveries: Option<u32>,
+    ) -> Prepared {
+        let is_bundle = delivery.exchange.as_str() == self.work_exchange
+            && bundle::is_bundle(&delivery.properties);
+        match delivery.unreadable {
+            Some(raw) => Prepared::Unreadable(raw, delivery.data),
+            None if is_bundle => {
+                Prepared::Bundle(returns.prepare(self, gate, tag, delivery, redeliveries))
+            }
+            None => Prepared::One(self.prepare_one(tag, delivery, redeliveries)),
+        }
+    }
+
     /// Decodes a delivery. Past this point only its tag, body and envelope are kept: the
     /// consumed properties (with their x-death history), names and acker are dropped, so
     /// that the thousands of deliveries held for their last moments stay small.
     /// `redeliveries` is how often this process has seen it redelivered (`None` when the
     /// broker did not flag it redelivered).
-    pub(super) fn prepare(
+    pub(super) fn prepare_one(
         self,
         tag: Tag,
         delivery: Delivery,

@@ -2,46 +2,58 @@
 //! whatever replaces it is confirmed, and report that to the session (which alone acks).
 //!
 //! By job: [`intake`] reads a delivery (signature, redeliveries, headers) into what is
-//! carried; [`planner`] decides each step (pure) and [`steps`] takes it (hop, hold,
-//! deliver, park, drop); [`occurrences`] handles a recurring schedule's next copy and its
-//! line; [`publish`] publishes until the broker settles, as [`settling`] decides (pure);
-//! [`bundle_hops`] carries the hops of one window into one level as one message, and
-//! [`bundle_returns`] a bundle that comes back as its messages; [`gate`] says whether hops
-//! travel in bundles now; [`unreadable`] parks what the codec cannot read.
+//! carried; [`planner`] decides each step (pure), and the carrier's step loop takes it:
+//! [`steps`] hops a message alone or delivers it (and drops a cancelled copy);
+//! [`occurrences`] handles a recurring schedule's next copy and its line; [`parking`]
+//! parks what cannot be carried, or read; [`publish`] publishes until the broker settles,
+//! as [`settling`] decides (pure); [`bundle_hops`] carries the hops of one window into one
+//! level as one message, and [`bundle_returns`] a bundle that comes back as its messages;
+//! [`gate`] says whether hops travel in bundles now.
+//!
+//! The jobs talk through narrow types, never through the [`Carrier`]: [`Steps`],
+//! [`Occurrences`] and [`Parking`] are views borrowing only the bridge's shared state and
+//! the session's publishing; the [`Bundler`] owns the bundles filling up and the gate, and
+//! [`BundleReturns`] the lanes, each taking what it publishes with as a [`Sending`]. The
+//! carrier composes them and keeps the top-level entry ([`Carrier::start`], which the
+//! session calls) and the step loop.
 //!
 //! Every path ends in one [`Outcome`]: done (its replacement is confirmed: ack), or a
 //! [`Stop`] (give the delivery back, and renew the session for a failure).
 
 use std::sync::Arc;
 
-use lapin::types::ShortString;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::inlet::Tag;
-use super::turns::{Lane, Lanes};
+use super::inlet::{Inlet, Tag};
 use super::{BridgeError, Shared};
 use crate::amqp::publisher::Publisher;
 use crate::amqp::returns::Fingerprint;
 use crate::amqp::wire::{self, Delivery};
+use crate::clock::{now_ms, until_epoch_ms};
+use crate::config::Config;
 use crate::contract::bundle;
-use crate::contract::{Envelope, Parked};
 
 mod bundle_hops;
 mod bundle_returns;
 mod gate;
 mod intake;
 mod occurrences;
+mod parking;
 mod publish;
 mod settling;
 mod steps;
-mod unreadable;
 
 use crate::plan::decide as planner;
+use bundle_hops::Bundler;
+use bundle_returns::{BundleReturns, CarryMessage};
 pub(super) use gate::BundleGate;
-use intake::Reader;
-use planner::Rules;
+use intake::{Decoded, Prepared, Reader, Undecodable};
+use occurrences::{Line, Occurrences};
+use parking::Parking;
+use planner::{Decision, Rules, Situation};
 use publish::Publishing;
+use steps::Steps;
 
 /// What a carrier reports to the session about the delivery it carries.
 pub(super) enum Event {
@@ -82,69 +94,31 @@ pub(super) type Outcome = Result<(), Stop>;
 /// What carrying a message needs; one per session, cloned into each message's task.
 #[derive(Clone)]
 pub(super) struct Carrier {
+    /// The bridge's shared state (configuration, counters, cancels, redeliveries).
     shared: Arc<Shared>,
     /// Publishes until the broker settles, on the session's channels.
     publishing: Publishing,
-    /// Where each message's end is reported.
+    /// Where each message's end (and a hold) is reported.
     events: mpsc::UnboundedSender<Event>,
     /// Fires when the session stops: holds and backoffs give their delivery back.
     stop: CancellationToken,
-    /// The bundles of hops filling up now (`bridge.bundle_hops`).
-    bundles: Arc<bundle_hops::Filling>,
-    /// The turns the messages of bundles take at publishing to their targets.
-    lanes: Arc<Lanes>,
-    /// Whether hops travel in bundles now (`bridge::peers` opens and closes it).
-    gate: BundleGate,
+    /// Hops in bundles: the bundles filling up now and the gate (`bridge.bundle_hops`).
+    bundler: Bundler,
+    /// Carries the bundles that come back; holds the lanes their messages take turns in.
+    returns: BundleReturns,
 }
 
-/// A decoded delivery on its way to its target.
-struct Decoded {
-    tag: Tag,
-    body: Vec<u8>,
-    envelope: Envelope,
-    /// When the bridge read it, epoch ms (for the delivered log line).
-    read_at: u64,
-    /// With bundled hops: whether it may wait out its last moments on the delivery it came
-    /// in (see `planner::Situation::waits_here`). A new message, or one of a bundle back from a level,
-    /// moves to the returns queue to wait instead, so that the delivery it came in is
-    /// settled within its window.
-    waits_here: bool,
-    /// For a message of a bundle, its lane (the bundle's messages due at its instant): it
-    /// publishes to its target in turns with the other lanes (see `bridge::turns`).
-    lane: Option<Lane>,
-    /// True for a message taken in from a route's ingress (not back from a level).
-    taken_in: bool,
-    /// True when the broker flagged the delivery it came in redelivered: a copy of it may
-    /// already have been published (a hop, a next occurrence) before the delivery was
-    /// given back, so a recurring occurrence is born again (see [`Carrier::reborn`]).
-    redelivered: bool,
-}
-
-/// A delivery that could not be decoded: parked as it was consumed (a new message without
-/// the `delay-bridge-*` headers its publisher set).
-struct Undecodable {
-    /// The delivery it came in (a bundle's, for a message of a bundle).
-    tag: Tag,
-    body: Vec<u8>,
-    routing_key: ShortString,
-    consumed: lapin::BasicProperties,
-    parked: Parked,
-    /// True when the bridge state in `consumed` is the bridge's own (its signature held, or
-    /// no key is set): the parked copy is then signed, so that `parked replay` may send it
-    /// back. A copy whose signature failed is never signed again.
-    vouched: bool,
-}
-
-/// A delivery ready to be carried. Most are `One`: boxing it would cost every delivery an
-/// allocation to spare the few bundles some bytes.
-#[allow(clippy::large_enum_variant)]
-enum Prepared {
-    /// A message that came alone.
-    One(Result<Decoded, Box<Undecodable>>),
-    /// A bundle of messages that hopped together.
-    Bundle(bundle_returns::PreparedBundle),
-    /// A delivery the AMQP codec cannot read in full, and its body: parked.
-    Unreadable(Box<wire::Raw>, Vec<u8>),
+/// What the bundle jobs publish with, borrowed from the carrier: the bridge's shared state
+/// (the names, the state keys, the counters, the cancels), the session's publishing, and
+/// its stop (a bundle waits for its window).
+#[derive(Clone, Copy)]
+struct Sending<'a> {
+    /// The bridge's shared state.
+    shared: &'a Shared,
+    /// Publishes the bundles until the broker settles them.
+    publishing: &'a Publishing,
+    /// Fires when the session stops: a bundle waiting for its window is released.
+    stop: &'a CancellationToken,
 }
 
 impl Carrier {
@@ -167,22 +141,21 @@ impl Carrier {
             events.clone(),
             stop.clone(),
         );
-        let gate = BundleGate::new(shared.stats.clone());
+        let bundler = Bundler::new(shared.stats.clone());
         Self {
             shared,
             publishing,
             events,
             stop,
-            bundles: Arc::default(),
-            lanes: Lanes::new(),
-            gate,
+            bundler,
+            returns: BundleReturns::new(),
         }
     }
 
     /// Whether hops travel in bundles now: the carrier's state, which `bridge::peers`
     /// opens while every instance on the prefix reads bundles.
     pub(super) fn bundle_gate(&self) -> &BundleGate {
-        &self.gate
+        self.bundler.gate()
     }
 
     /// Takes a delivery on: decodes it here, then carries it in a task of its own, which
@@ -207,23 +180,29 @@ impl Carrier {
                 .unwrap_or_else(|e| e.into_inner())
                 .redelivered(fingerprint)
         });
-        let is_bundle = delivery.exchange.as_str() == self.shared.work_exchange
-            && bundle::is_bundle(&delivery.properties);
         // Decoded before spawning, so the task keeps only what it needs (its future is the
         // per-delivery memory cost while thousands are held).
-        let prepared = match delivery.unreadable {
-            Some(raw) => Prepared::Unreadable(raw, delivery.data),
-            None if is_bundle => {
-                Prepared::Bundle(carrier.prepare_bundle(tag, delivery, redeliveries))
-            }
-            None => Prepared::One(carrier.reader().prepare(tag, delivery, redeliveries)),
-        };
+        let prepared = Reader::of(&carrier.shared).prepare(
+            &carrier.returns,
+            carrier.bundler.gate(),
+            tag,
+            delivery,
+            redeliveries,
+        );
         tokio::spawn(async move {
             let outcome = match &prepared {
-                Prepared::One(one) => carrier.carry_prepared(one).await,
-                Prepared::Bundle(bundle) => Box::pin(carrier.carry_bundle(bundle)).await,
+                Prepared::One(one) => carrier.carry_message(one).await,
+                Prepared::Bundle(bundle) => {
+                    Box::pin(carrier.returns.carry(
+                        carrier.sending(),
+                        &carrier.bundler,
+                        &carrier,
+                        bundle,
+                    ))
+                    .await
+                }
                 Prepared::Unreadable(raw, body) => {
-                    Box::pin(carrier.park_unreadable(tag, raw, body)).await
+                    Box::pin(carrier.parking().park_unreadable(tag, raw, body)).await
                 }
             };
             if let (Ok(()), Some(fingerprint)) = (&outcome, redelivered) {
@@ -255,21 +234,116 @@ impl Carrier {
         body.saturating_add(messages.saturating_mul(bundle_returns::HELD_MESSAGE_BYTES))
     }
 
-    /// Carries one decoded delivery, or parks one that could not be decoded.
-    async fn carry_prepared(&self, prepared: &Result<Decoded, Box<Undecodable>>) -> Outcome {
-        match prepared {
-            Ok(decoded) => self.carry(decoded).await,
-            Err(undecodable) => {
-                Box::pin(self.park(
-                    undecodable.tag,
-                    &undecodable.body,
-                    &undecodable.routing_key,
-                    &undecodable.consumed,
-                    &undecodable.parked,
-                    undecodable.vouched,
+    /// The step loop: hops, holds and delivers a decoded message until a replacement is
+    /// confirmed, as [`planner::decide`] says at each step.
+    async fn carry(&self, moving: &Decoded) -> Outcome {
+        let config = &self.shared.config;
+        let Decoded {
+            tag,
+            body,
+            envelope,
+            read_at,
+            waits_here,
+            lane,
+            taken_in,
+            redelivered,
+        } = moving;
+        let renewed;
+        let envelope = match envelope.occurrence {
+            Some(_) => {
+                match Box::pin(self.occurrences().renew_line(
+                    *tag,
+                    envelope,
+                    *taken_in,
+                    *redelivered,
                 ))
-                .await
+                .await?
+                {
+                    Line::Renewed(copy) => {
+                        renewed = *copy;
+                        &renewed
+                    }
+                    Line::AsIs => envelope,
+                    Line::Dropped => return Ok(()),
+                }
             }
+            None => envelope,
+        };
+        let rules = rules(config);
+        let mut situation = Situation {
+            now_ms: now_ms(),
+            deliver_at: envelope.deliver_at,
+            // Only while every instance on the prefix reads bundles (`peers` opens the
+            // gate).
+            bundled: self.bundler.gate().is_open(),
+            in_window: config.hop_window.is_zero(),
+            waits_here: *waits_here,
+            from_work: tag.inlet == Inlet::Work,
+        };
+        loop {
+            if steps::cancelled(&self.shared, envelope) {
+                return Ok(());
+            }
+            situation.now_ms = now_ms();
+            match planner::decide(&situation, &rules) {
+                Decision::Bundle { level, leaves_at } => {
+                    match Box::pin(self.bundler.hop(
+                        self.sending(),
+                        *tag,
+                        body,
+                        envelope,
+                        level,
+                        leaves_at,
+                    ))
+                    .await
+                    {
+                        Some(outcome) => return outcome,
+                        // Its bundle was refused: it hops alone.
+                        None => situation.bundled = false,
+                    }
+                }
+                Decision::AwaitWindow(end) => {
+                    situation.in_window = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(until_epoch_ms(end)) => {}
+                        _ = self.stop.cancelled() => return Err(Stop::Release),
+                    }
+                }
+                // Boxed: the task's own future is then only as large as its hold, which is
+                // where most deliveries wait.
+                Decision::Hop(level) => {
+                    return Box::pin(self.steps().hop(*tag, body, envelope, level)).await;
+                }
+                Decision::Hold { counted } => {
+                    if !self.hold(*tag, envelope.deliver_at, counted).await {
+                        return Err(Stop::Release);
+                    }
+                }
+                Decision::Deliver => {
+                    return Box::pin(self.steps().deliver(
+                        *tag,
+                        body,
+                        envelope,
+                        *read_at,
+                        lane.as_ref(),
+                    ))
+                    .await;
+                }
+            }
+        }
+    }
+
+    /// Waits until `deliver_at` (epoch ms), with the delivery `tag` counted as held when
+    /// `counted`; false when the session stopped first.
+    async fn hold(&self, tag: Tag, deliver_at: u64, counted: bool) -> bool {
+        if counted {
+            let _ = self.events.send(Event::Held(tag));
+        }
+        // Sleep to the due instant itself (µs precision), not to a whole-ms remainder, so
+        // the timer adds at most its own 1 ms tick.
+        tokio::select! {
+            _ = tokio::time::sleep(until_epoch_ms(deliver_at)) => true,
+            _ = self.stop.cancelled() => false,
         }
     }
 
@@ -278,30 +352,46 @@ impl Carrier {
         self.publishing.close().await;
     }
 
-    /// What reading a delivery needs (see [`intake`]).
-    fn reader(&self) -> Reader<'_> {
-        Reader {
-            config: &self.shared.config,
-            work_exchange: &self.shared.work_exchange,
-        }
+    /// The steps that publish a message on (see [`steps`]).
+    fn steps(&self) -> Steps<'_> {
+        Steps::new(&self.shared, &self.publishing)
     }
 
-    /// The settings [`planner::decide`] reads.
-    fn rules(&self) -> Rules<'_> {
-        let config = &self.shared.config;
-        Rules {
-            ladder: &config.ladder,
-            margin: config.margin,
-            hop_window: config.hop_window,
-        }
+    /// A recurring schedule's line and next copy (see [`occurrences`]).
+    fn occurrences(&self) -> Occurrences<'_> {
+        Occurrences::new(&self.shared, &self.publishing)
     }
 
-    /// `properties` of a copy into a level or the returns queue, signed for `body` when
-    /// `bridge.state_key` is set (`contract::signature`).
-    fn signed(&self, properties: lapin::BasicProperties, body: &[u8]) -> lapin::BasicProperties {
-        match &self.shared.config.state_keys {
-            Some(keys) => keys.sign(properties, body),
-            None => properties,
+    /// Parking what cannot be carried (see [`parking`]).
+    fn parking(&self) -> Parking<'_> {
+        Parking::new(&self.shared, &self.publishing)
+    }
+
+    /// What the bundle jobs publish with.
+    fn sending(&self) -> Sending<'_> {
+        Sending {
+            shared: &self.shared,
+            publishing: &self.publishing,
+            stop: &self.stop,
         }
+    }
+}
+
+impl CarryMessage for Carrier {
+    /// Carries one decoded delivery, or parks one that could not be decoded.
+    async fn carry_message(&self, prepared: &Result<Decoded, Box<Undecodable>>) -> Outcome {
+        match prepared {
+            Ok(decoded) => self.carry(decoded).await,
+            Err(undecodable) => Box::pin(self.parking().park_undecodable(undecodable)).await,
+        }
+    }
+}
+
+/// The settings [`planner::decide`] reads, from `config`.
+fn rules(config: &Config) -> Rules<'_> {
+    Rules {
+        ladder: &config.ladder,
+        margin: config.margin,
+        hop_window: config.hop_window,
     }
 }

@@ -6,8 +6,9 @@
 use lapin::types::ShortString;
 use std::sync::atomic::Ordering;
 
-use super::publish::Attempt;
-use super::{Carrier, Outcome, Stop};
+use super::publish::{Attempt, Publishing, signed};
+use super::{Outcome, Stop, steps};
+use crate::bridge::Shared;
 use crate::bridge::inlet::Tag;
 use crate::cancel::Successors;
 use crate::clock::now_ms;
@@ -81,7 +82,7 @@ fn beyond_limits(
 }
 
 /// What becomes of a copy of a recurring occurrence's line before its next step (see
-/// [`Carrier::renew_line`]).
+/// [`Occurrences::renew_line`]).
 pub(super) enum Line {
     /// It goes on as it is.
     AsIs,
@@ -91,14 +92,31 @@ pub(super) enum Line {
     Dropped,
 }
 
-impl Carrier {
+/// A recurring schedule's line and next copy, borrowed from the carrier: the bridge's
+/// shared state it reads (the names, the state keys, the cancels, the bridge's user, the
+/// counters and instruments) and the session's publishing, which takes its entries in the
+/// cancel stream and its next copies.
+#[derive(Clone, Copy)]
+pub(super) struct Occurrences<'a> {
+    /// The bridge's shared state.
+    shared: &'a Shared,
+    /// Publishes the cancel-stream entries and the next copies.
+    publishing: &'a Publishing,
+}
+
+impl<'a> Occurrences<'a> {
+    /// Occurrences with `shared` state, published on `publishing`.
+    pub(super) fn new(shared: &'a Shared, publishing: &'a Publishing) -> Self {
+        Self { shared, publishing }
+    }
+
     /// After an occurrence of a recurring schedule was delivered: the copy of the next
     /// occurrence through the work exchange, confirmed before the delivery is acknowledged.
     /// A delivery given back after that (a crash, a lost session) comes again redelivered:
     /// it delivers its occurrence a second time at most, and is born again first
-    /// ([`Carrier::reborn`]), which drops the next copy published here.
+    /// ([`Occurrences::reborn`]), which drops the next copy published here.
     pub(super) async fn schedule_next(
-        &self,
+        self,
         tag: Tag,
         body: &[u8],
         envelope: &Envelope,
@@ -129,7 +147,7 @@ impl Carrier {
             &self.shared.work_exchange,
             envelope.routing_key.as_str(),
             body,
-            self.signed(consumed_properties(&next_copy), body),
+            signed(&self.shared.config, consumed_properties(&next_copy), body),
         );
         self.publishing.own(copy).await?;
         tracing::debug!(
@@ -142,14 +160,14 @@ impl Carrier {
 
     /// Where a copy of a recurring occurrence starts a line of its own:
     /// - taken in: the schedule replaces what its id named before on its target
-    ///   ([`Carrier::replace_older`]), and its copies are born now;
-    /// - redelivered: born again ([`Carrier::reborn`]) unless a cancel or a replacement
+    ///   ([`Occurrences::replace_older`]), and its copies are born now;
+    /// - redelivered: born again ([`Occurrences::reborn`]) unless a cancel or a replacement
     ///   drops it; successor tombstones do not, for it may be the last copy of its
     ///   schedule (its own rebirth's tombstone names a birth it never published);
     /// - its line older than [`LINE_RENEWED_EVERY`](crate::cancel::LINE_RENEWED_EVERY):
     ///   born again unless anything drops it, so a fork no redelivery flagged heals.
     pub(super) async fn renew_line(
-        &self,
+        self,
         tag: Tag,
         envelope: &Envelope,
         taken_in: bool,
@@ -165,7 +183,7 @@ impl Carrier {
         let dropped = if redelivered {
             self.cancels_schedule(envelope)
         } else if crate::cancel::renewal_due(envelope.born, now_ms()) {
-            self.cancelled(envelope)
+            steps::cancelled(self.shared, envelope)
         } else {
             return Ok(Line::AsIs);
         };
@@ -179,13 +197,13 @@ impl Carrier {
 
     /// The bridge's own user, as the `user_id` of what it appends to the cancel stream: the
     /// broker checks it, so bridges tell their own entries from a canceller's.
-    fn bridge_user(&self) -> ShortString {
+    fn bridge_user(self) -> ShortString {
         ShortString::from(self.shared.bridge_user.as_str())
     }
 
     /// True when a cancel or a later schedule's replacement drops this copy of a recurring
     /// schedule (successor tombstones aside).
-    fn cancels_schedule(&self, envelope: &Envelope) -> bool {
+    fn cancels_schedule(self, envelope: &Envelope) -> bool {
         let Some(id) = envelope.properties.message_id.as_ref() else {
             return false;
         };
@@ -211,7 +229,7 @@ impl Carrier {
     /// The stream takes an entry for a redelivery and once per
     /// [`LINE_RENEWED_EVERY`](crate::cancel::LINE_RENEWED_EVERY), never per occurrence of a
     /// frequent schedule.
-    async fn reborn(&self, tag: Tag, envelope: &Envelope) -> Result<Envelope, Stop> {
+    async fn reborn(self, tag: Tag, envelope: &Envelope) -> Result<Envelope, Stop> {
         let (Some(number), Some(id)) = (envelope.occurrence, &envelope.properties.message_id)
         else {
             return Ok(envelope.clone());
@@ -270,7 +288,7 @@ impl Carrier {
     /// that entered before it (a schedule's replacement in the cancel stream, confirmed
     /// before its first hop). A one-off message of the id, or another target's schedule,
     /// is not touched: publishing is not cancelling.
-    async fn replace_older(&self, tag: Tag, envelope: &Envelope) -> Outcome {
+    async fn replace_older(self, tag: Tag, envelope: &Envelope) -> Outcome {
         let Some(id) = envelope.properties.message_id.clone() else {
             return Ok(());
         };

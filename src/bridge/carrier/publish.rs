@@ -20,6 +20,7 @@ use crate::bridge::inlet::Tag;
 use crate::bridge::refusals::TargetRefusals;
 use crate::bridge::stats::Stats;
 use crate::bridge::turns::Lane;
+use crate::config::Config;
 use crate::contract::{self, ParkReason, Parked};
 
 /// The key of the bridge's own confirm channel (hops and parking) among the target
@@ -32,6 +33,19 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 /// Pauses between publish attempts: 100 ms doubling to 5 s, with jitter.
 fn retry_delays() -> impl Iterator<Item = Duration> {
     crate::bridge::backoff(Duration::from_millis(100), MAX_RETRY_DELAY)
+}
+
+/// `properties` of a copy into a level or the returns queue, signed for `body` when
+/// `bridge.state_key` is set (`contract::signature`).
+pub(super) fn signed(
+    config: &Config,
+    properties: lapin::BasicProperties,
+    body: &[u8],
+) -> lapin::BasicProperties {
+    match &config.state_keys {
+        Some(keys) => keys.sign(properties, body),
+        None => properties,
+    }
 }
 
 /// One message to publish until the broker settles it.
