@@ -170,6 +170,7 @@ impl DelayedTopology {
             topology.delete().await;
             return Err(e);
         }
+        let _ = channel.close(200, "declared".into()).await;
         Ok(Self { conn, name })
     }
 
@@ -182,6 +183,7 @@ impl DelayedTopology {
             let _ = cleanup
                 .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
                 .await;
+            let _ = cleanup.close(200, "done".into()).await;
         }
         let _ = self.conn.close(200, "done".into()).await;
     }
@@ -327,6 +329,9 @@ async fn steady_pass(
     let broker_end = broker_cpu_now(baseline)?;
     let machine_busy = machine.busy_since(&MachineCpu::now());
     let _ = consumer.close(200, "done".into()).await;
+    // Closed here, not dropped: a channel dropped closes in the background, and the
+    // connection's close then finds it closing (lapin logs that as an error).
+    let _ = channel.close(200, "done".into()).await;
     let publish_s = published.confirmed_us.saturating_sub(published.started_us) as f64 / 1e6;
     Ok(SteadyPass {
         arrivals,
@@ -366,6 +371,9 @@ async fn burst(
     let deadline = tokio::time::Instant::now() + lead + Duration::from_secs(60);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
     let _ = consumer.close(200, "done".into()).await;
+    // Closed here, not dropped: a channel dropped closes in the background, and the
+    // connection's close then finds it closing (lapin logs that as an error).
+    let _ = channel.close(200, "done".into()).await;
     if arrivals.received == 0 {
         bail!("no message of the burst arrived");
     }

@@ -925,9 +925,12 @@ mod arbitrary_tables {
             occurrence in proptest::option::of(any::<u64>()),
             hops in any::<u32>(),
             short in proptest::option::of("[ -~]{0,255}"),
+            other in proptest::option::of("\\PC{0,60}"),
+            present in any::<u16>(),
             priority in proptest::option::of(any::<u8>()),
             timestamp in proptest::option::of(any::<u64>()),
             user in proptest::option::of("[a-z]{1,12}"),
+            target in "\\PC{0,40}",
         ) {
             let mut env = decode_with("in", &with_headers(vec![("x-delay", AMQPValue::LongInt(5_000))]))
                 .expect("decodes");
@@ -935,6 +938,25 @@ mod arbitrary_tables {
             env.properties.content_type = short.as_deref().map(Into::into);
             env.properties.message_id = short.as_deref().filter(|_| priority.is_some()).map(Into::into);
             env.properties.cluster_id = user.as_deref().map(Into::into);
+            // Each other field present or not by one bit of `present`.
+            // Each a text of its own, so that two fields swapped would show.
+            let field = |bit: u16| {
+                other
+                    .as_deref()
+                    .filter(|_| present & (1 << bit) != 0)
+                    .map(|s| format!("{bit}:{s}").as_str().into())
+            };
+            env.properties.content_encoding = field(0);
+            env.properties.correlation_id = field(1);
+            env.properties.reply_to = field(2);
+            env.properties.expiration = field(3);
+            env.properties.kind = field(4);
+            env.properties.user_id = field(5);
+            env.properties.app_id = field(6);
+            env.properties.delivery_mode = priority.filter(|_| present & (1 << 7) != 0);
+            env.stash.expiration = field(8);
+            env.routing_key = field(9).unwrap_or_else(|| "rk".into());
+            env.target = target;
             env.properties.priority = priority;
             env.properties.timestamp = timestamp;
             env.stash.cc = cc.clone();

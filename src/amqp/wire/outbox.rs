@@ -456,17 +456,7 @@ mod tests {
     fn a_content_header_over_frame_max_is_refused_and_nothing_is_queued() {
         let outbox = Outbox::new(4096);
         let refused = outbox.send(|frames| {
-            frames.method(
-                1,
-                AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Publish(
-                    amq_protocol::protocol::basic::Publish {
-                        exchange: "x".into(),
-                        routing_key: "k".into(),
-                        mandatory: true,
-                        immediate: false,
-                    },
-                )),
-            )?;
+            frames.publish(1, "x", "k", true)?;
             frames.content(1, &with_headers_of(5000), b"body")
         });
         match refused {

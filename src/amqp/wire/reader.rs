@@ -210,6 +210,15 @@ mod tests {
         let last = not_utf8.len() - 1;
         not_utf8[last] = 0xff;
         assert_eq!(per_message_method(&not_utf8), None);
+        // The codec reads only the bits it knows; so does the hand.
+        let mut high_bits = payload(basic::AMQPMethod::Ack(basic::Ack {
+            delivery_tag: 9,
+            multiple: false,
+        }));
+        let bits = high_bits.len() - 1;
+        high_bits[bits] = 0xFE;
+        let by_codec = parse_class(high_bits.as_slice()).unwrap().1;
+        assert_eq!(per_message_method(&high_bits), Some(by_codec));
         let other = payload(basic::AMQPMethod::QosOk(basic::QosOk {}));
         assert_eq!(per_message_method(&other), None);
     }
