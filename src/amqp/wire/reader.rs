@@ -1,6 +1,7 @@
 //! The task that reads the broker's frames and hands each to its channel.
 
 use amq_protocol::protocol::{AMQPClass, basic, parse_class};
+use amq_protocol::types::ShortString;
 use futures::{AsyncRead, AsyncReadExt};
 
 use super::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, Inner, WireError};
@@ -90,7 +91,8 @@ fn parse_method(kind: u8, payload: &[u8]) -> Result<AMQPClass, WireError> {
 /// The methods that come with every message (`basic.ack` and `basic.nack` confirming a
 /// publish, `basic.deliver`), read by hand: the codec builds each method's flags as a
 /// vector of named bits, several allocations per frame. `None` for any other method, or one
-/// that is not exactly whole (the codec then reads it, or says why it cannot).
+/// cut short or not UTF-8 (the codec then reads it, or says why it cannot); what it reads,
+/// the codec reads the same.
 fn per_message_method(payload: &[u8]) -> Option<AMQPClass> {
     let (ids, args) = payload.split_at_checked(4)?;
     let method = match ids {
@@ -112,35 +114,21 @@ fn per_message_method(payload: &[u8]) -> Option<AMQPClass> {
             }
         }
         [0, 60, 0, 60] => {
-            let mut at = 0;
-            let consumer_tag = short_string(args, &mut at)?;
-            let delivery_tag = u64::from_be_bytes(args.get(at..at + 8)?.try_into().ok()?);
-            let redelivered = *args.get(at + 8)? & 1 == 1;
-            at += 9;
-            let exchange = short_string(args, &mut at)?;
-            let routing_key = short_string(args, &mut at)?;
-            if at != args.len() {
-                return None;
-            }
+            // The layout is read in one place (`content::raw_deliver`); here its names
+            // must be UTF-8.
+            let raw = super::content::raw_deliver(payload)?;
+            let text = |bytes: Vec<u8>| String::from_utf8(bytes).ok().map(ShortString::from);
             basic::AMQPMethod::Deliver(basic::Deliver {
-                consumer_tag: consumer_tag.into(),
-                delivery_tag,
-                redelivered,
-                exchange: exchange.into(),
-                routing_key: routing_key.into(),
+                consumer_tag: text(raw.consumer_tag)?,
+                delivery_tag: raw.delivery_tag,
+                redelivered: raw.redelivered,
+                exchange: text(raw.exchange)?,
+                routing_key: text(raw.routing_key)?,
             })
         }
         _ => return None,
     };
     Some(AMQPClass::Basic(method))
-}
-
-/// A short string at `at` (moved past it); `None` when cut short or not UTF-8.
-fn short_string<'a>(bytes: &'a [u8], at: &mut usize) -> Option<&'a str> {
-    let len = usize::from(*bytes.get(*at)?);
-    let text = std::str::from_utf8(bytes.get(*at + 1..*at + 1 + len)?).ok()?;
-    *at += 1 + len;
-    Some(text)
 }
 
 #[cfg(test)]
@@ -198,7 +186,9 @@ mod tests {
             }
             let mut longer = payload.clone();
             longer.push(0);
-            assert_eq!(per_message_method(&longer), None);
+            if let Some(read) = per_message_method(&longer) {
+                assert_eq!(read, parse_class(longer.as_slice()).unwrap().1);
+            }
         }
         let mut not_utf8 = payload(basic::AMQPMethod::Deliver(basic::Deliver {
             consumer_tag: "c".into(),
