@@ -1,4 +1,5 @@
 //! The settling policy against every disposition: unit and property tests.
+
 use super::*;
 use crate::amqp::publisher::PublishError;
 use proptest::prelude::*;
