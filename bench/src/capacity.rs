@@ -3,6 +3,9 @@
 //! runs of `--seconds` each, every one on a fresh sandbox and bridge process: the rate
 //! doubles from `--from` until a run misses, then the last passing and the first missing
 //! rate are bisected (geometrically) until they are within `--resolution` of each other.
+//! With `--runs-per-rate 3` each rate is run until two runs agree (at most three), and
+//! their majority is the rate's verdict: on a noisy machine one run's p99 over the limit
+//! then no longer ends the search alone.
 //!
 //! With `--plugin` the same search measures the archived delayed-message plugin instead:
 //! each run is `plugin`'s steady pass through a fresh `x-delayed-message` exchange, no
@@ -43,6 +46,10 @@ pub struct Args {
     /// The p99 lateness a run may have, ms.
     #[arg(long, default_value_t = 10.0, value_parser = above_zero)]
     p99_limit_ms: f64,
+    /// Runs at each rate, an odd number: the rate passes when most of them pass. Runs stop
+    /// once a majority is reached (3: two runs, a third only when they disagree).
+    #[arg(long, default_value_t = 1, value_parser = odd_count)]
+    runs_per_rate: u32,
     /// The capacity measured before the first change made for it, msg/s, on this machine
     /// and broker (the commit docs/performance.md names, in the same
     /// sitting); the target is twice it. Without it, the reference machine's figure for
@@ -129,6 +136,52 @@ fn passes(m: &Trial, rate: f64, p99_limit_ms: f64) -> bool {
     m.arrivals.missing() == 0
         && m.achieved_rate >= 0.99 * rate
         && (p99 as f64) <= p99_limit_ms * 1000.0
+}
+
+/// An odd count of runs of at least 1 (`--runs-per-rate`).
+fn odd_count(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if n % 2 == 1 => Ok(n),
+        _ => Err(format!(
+            "expected an odd number of runs (1, 3, 5, ...), got {text:?}"
+        )),
+    }
+}
+
+/// The verdicts of the runs at one rate, until most of `runs` agree: pure.
+#[derive(Debug, Clone, Copy)]
+struct Majority {
+    /// Verdicts that make a majority of the runs asked.
+    needed: u32,
+    passed: u32,
+    missed: u32,
+}
+
+impl Majority {
+    /// A tally for `runs` runs at a rate (odd, at least 1).
+    fn of(runs: u32) -> Self {
+        Self {
+            needed: runs / 2 + 1,
+            passed: 0,
+            missed: 0,
+        }
+    }
+
+    /// One run's verdict; the rate's, once a majority of the runs agree.
+    fn record(&mut self, pass: bool) -> Option<bool> {
+        if pass {
+            self.passed += 1;
+        } else {
+            self.missed += 1;
+        }
+        if self.passed >= self.needed {
+            Some(true)
+        } else if self.missed >= self.needed {
+            Some(false)
+        } else {
+            None
+        }
+    }
 }
 
 /// Which rate to try next: pure, from the verdicts so far. The rate doubles from the first
@@ -279,13 +332,24 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let mut search = RateSearch::new(args.from, args.ceiling, args.resolution);
     let mut passing: Option<(f64, Trial)> = None;
     while let Some(rate) = search.next() {
-        let m = Trial::run(base, &first, &load(rate), args.plugin).await?;
-        let pass = passes(&m, rate, args.p99_limit_ms);
-        println!("{}", row(rate, &m, pass));
-        runs.push(run_report(rate, &m, pass));
-        search.record(rate, pass);
-        if pass && search.capacity() == rate {
-            passing = Some((rate, m));
+        let mut majority = Majority::of(args.runs_per_rate);
+        // The rate's last passing run: its cost is the one reported at the capacity.
+        let mut passed = None;
+        let verdict = loop {
+            let m = Trial::run(base, &first, &load(rate), args.plugin).await?;
+            let pass = passes(&m, rate, args.p99_limit_ms);
+            println!("{}", row(rate, &m, pass));
+            runs.push(run_report(rate, &m, pass));
+            if pass {
+                passed = Some(m);
+            }
+            if let Some(verdict) = majority.record(pass) {
+                break verdict;
+            }
+        };
+        search.record(rate, verdict);
+        if verdict && search.capacity() == rate {
+            passing = passed.map(|m| (rate, m));
         }
     }
 
@@ -389,7 +453,42 @@ fn targets(
 
 #[cfg(test)]
 mod tests {
-    use super::RateSearch;
+    use super::{Majority, RateSearch, odd_count};
+
+    /// The verdicts recorded until the tally of `runs` gives the rate's, and that verdict.
+    fn decide(runs: u32, verdicts: &[bool]) -> (usize, Option<bool>) {
+        let mut majority = Majority::of(runs);
+        for (i, pass) in verdicts.iter().enumerate() {
+            if let Some(verdict) = majority.record(*pass) {
+                return (i + 1, Some(verdict));
+            }
+        }
+        (verdicts.len(), None)
+    }
+
+    #[test]
+    fn a_rates_verdict_is_the_majority_of_its_runs() {
+        assert_eq!(decide(1, &[false]), (1, Some(false)));
+        assert_eq!(decide(1, &[true]), (1, Some(true)));
+        // Two that agree decide; a third only breaks a tie, either way.
+        assert_eq!(decide(3, &[true, true, false]), (2, Some(true)));
+        assert_eq!(decide(3, &[false, false, true]), (2, Some(false)));
+        assert_eq!(decide(3, &[false, true, true]), (3, Some(true)));
+        assert_eq!(decide(3, &[true, false, false]), (3, Some(false)));
+        assert_eq!(decide(5, &[true, false, true, false]), (4, None));
+        assert_eq!(
+            decide(5, &[true, false, true, false, true]),
+            (5, Some(true))
+        );
+    }
+
+    #[test]
+    fn runs_per_rate_must_be_odd() {
+        assert_eq!(odd_count("3"), Ok(3));
+        for bad in ["0", "2", "-1", "x"] {
+            assert!(odd_count(bad).is_err(), "{bad}");
+        }
+    }
 
     /// The rates a search tries when every rate up to `limit` passes.
     fn tried(from: f64, ceiling: f64, limit: f64) -> (Vec<f64>, f64) {
