@@ -141,10 +141,11 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Starts consuming the `targets` (the small messages' queue and the bursts') and
-    /// `parked` on `conn`, for the sequence numbers of `layout`.
+    /// Starts consuming the `targets` (the small messages' queue and the bursts'), each on
+    /// its connection of `conns`, and `parked` on the first, for the sequence numbers of
+    /// `layout`.
     pub async fn start(
-        conn: &Connection,
+        conns: [&Connection; 2],
         targets: [&str; 2],
         parked: &str,
         layout: Layout,
@@ -158,10 +159,11 @@ impl Collector {
             })
             .count() as u64;
         let (done_tx, done) = tokio::sync::watch::channel(false);
+        let [conn, burst_conn] = conns;
         let (target_channel, small) =
             consume_no_ack(conn, targets[0], "delay-bridge-bench-mixed").await?;
         let (burst_channel, bursts) =
-            consume_no_ack(conn, targets[1], "delay-bridge-bench-mixed-bursts").await?;
+            consume_no_ack(burst_conn, targets[1], "delay-bridge-bench-mixed-bursts").await?;
         let mut targets = futures::stream::select(small, bursts);
         let (parked_channel, mut parks) =
             consume_no_ack(conn, parked, "delay-bridge-bench-mixed-parked").await?;
