@@ -23,8 +23,9 @@ export DELAY_BRIDGE_PYTHON
 # Four tests of a binary at a time (cargo's default is one per core, two here): an
 # integration test mostly waits on the broker and on delays, so two at a time left the
 # machine a third idle (2026-11-29, the 4.3.6 leg on 2 cores: 486 s at two, 251 s at four,
-# the machine 66 % busy). The tests whose verdict is a time under load still run without a
-# heavy test beside them (`timing_test` in tests/support). RUST_TEST_THREADS overrides.
+# the machine 66 % busy). A test whose verdict is a time or an order under load runs with
+# no other test's world beside it (`Setup::alone` in tests/support). RUST_TEST_THREADS
+# overrides.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
 
 echo "== cargo fmt --all --check"

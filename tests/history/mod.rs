@@ -66,7 +66,6 @@ fn as_bridge(properties: BasicProperties) -> BasicProperties {
 
 #[tokio::test]
 async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
-    let _heavy = heavy_test().await;
     let mut w = World::without_bridge("history-checkpoint").await;
     let history_at = now_ms();
     append(&w, history(history_at, 30_000, 300)).await;
@@ -139,7 +138,6 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
 /// docs/operations.md sets it by age.)
 #[tokio::test]
 async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
-    let _heavy = heavy_test().await;
     // Small segments, so that a retention can remove the history a segment at a time (the
     // broker applies a segment size to a stream it creates after the policy is set).
     let test = "history-retention";
@@ -201,7 +199,6 @@ async fn a_stream_cut_before_its_newest_checkpoint_keeps_every_live_cancel() {
 
 #[tokio::test]
 async fn a_checkpoint_a_crash_left_incomplete_is_passed_over() {
-    let _heavy = heavy_test().await;
     let mut w = World::without_bridge("history-crash").await;
     append(&w, history(now_ms(), 14_000, 50)).await;
     a_bridge_writes_a_checkpoint(&mut w).await;
