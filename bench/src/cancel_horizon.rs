@@ -19,6 +19,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use delay_bridge_bench::report;
 
+use delay_bridge::bridge::Stats;
 use delay_bridge::client::{Client, Message, When};
 use delay_bridge::clock::now_ms;
 use delay_bridge::config::Config;
@@ -31,6 +32,10 @@ use super::cost::{Cost, broker_cpu_between, broker_cpu_now};
 
 /// Messages are scheduled this far apart, ms: the rate the baseline's paced pass runs at.
 const SPACING_MS: u64 = 10;
+/// How long the bridge's counters may take, after the sentinel arrived, to account for
+/// every message: it counts a delivery once the broker confirmed it, which can come after
+/// the target's consumer already has it.
+const COUNTERS_SETTLE: Duration = Duration::from_secs(10);
 
 /// `bench cancel-horizon` options.
 #[derive(Debug, clap::Args)]
@@ -75,7 +80,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     let stats = bench
         .stats()
         .context("this bench runs the bridge in process")?;
-    let counters = (stats.snapshot().cancelled, stats.snapshot().delivered);
+    // Each message dropped or delivered, and the sentinel delivered.
+    let expected = samples.as_ref().map_or(0, |s| s.len() as u64) + 1;
+    let counters = settled_counters(&stats, expected).await;
     bench.finish().await?;
     let samples = samples?;
     // The bridge runs in this process: only the broker's side of the cost is measured.
@@ -87,6 +94,19 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
     };
     report(&samples, counters, base, &baseline, &cost);
     Ok(())
+}
+
+/// The bridge's (dropped, delivered) counters once they add up to `expected`, or as they
+/// stand after [`COUNTERS_SETTLE`].
+async fn settled_counters(stats: &Stats, expected: u64) -> (u64, u64) {
+    let deadline = tokio::time::Instant::now() + COUNTERS_SETTLE;
+    loop {
+        let now = stats.snapshot();
+        if now.cancelled + now.delivered >= expected || tokio::time::Instant::now() >= deadline {
+            return (now.cancelled, now.delivered);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn measure(
