@@ -109,9 +109,8 @@ const BURST_LEAD: Duration = Duration::from_secs(10);
 /// The routing keys: the target (a topic exchange) routes the first to its queue (bound
 /// `rk.#`), the bursts' to a queue of their own (bound `burst.#`, read by a consumer of its
 /// own on a connection of its own, as a campaign's consumer would be: with one queue for
-/// both, a consumer reads a
-/// burst's 20 000 messages before the small ones behind them, whatever delivered them), and
-/// the last nowhere.
+/// both, a consumer reads a burst's 20 000 messages before the small ones behind them,
+/// whatever delivered them), and the last nowhere.
 const ROUTED_KEY: &str = "rk.mixed";
 const BURST_KEY: &str = "burst.mixed";
 const BURST_BINDING: &str = "burst.#";
@@ -258,8 +257,8 @@ async fn measure(
     };
     let consumer = amqp::connect(sandbox.config.url(), "delay-bridge bench collector").await?;
     // The bursts' consumer on a connection of its own: on one connection a burst's 20 000
-    // deliveries queued ahead of the small messages' in the collector's socket, and were
-    // counted as the small messages' lateness.
+    // deliveries could queue ahead of the small messages' in the collector's socket and
+    // count as their lateness.
     let burst_consumer =
         amqp::connect(sandbox.config.url(), "delay-bridge bench burst collector").await?;
     let collector = Collector::start(
