@@ -36,15 +36,29 @@ impl LatenessSplit {
         })
     }
 
+    /// What was counted after `earlier` (a reading of the same bridge) up to this one.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            delivered: self.delivered - earlier.delivered,
+            confirmed_late: self.confirmed_late - earlier.confirmed_late,
+            read_late: self.read_late - earlier.read_late,
+        }
+    }
+
+    /// The shares of the deliveries confirmed late and read late, percent (both 0 when
+    /// nothing was delivered).
+    pub fn shares(&self) -> (f64, f64) {
+        let share = |n: f64| 100.0 * n / self.delivered.max(1.0);
+        (share(self.confirmed_late), share(self.read_late))
+    }
+
     /// One report line.
     pub fn line(&self) -> String {
-        let share = |n: f64| 100.0 * n / self.delivered.max(1.0);
+        let (confirmed_late, read_late) = self.shares();
         format!(
-            "the bridge's own count (its /metrics): of {:.0} delivered, {:.2}% confirmed more than {} ms late, {:.2}% already read more than {} ms late (the broker handed them over late)",
+            "the bridge's own count (its /metrics): of {:.0} delivered, {confirmed_late:.2}% confirmed more than {} ms late, {read_late:.2}% already read more than {} ms late (the broker handed them over late)",
             self.delivered,
-            share(self.confirmed_late),
             OVER.as_millis(),
-            share(self.read_late),
             OVER.as_millis()
         )
     }
@@ -101,6 +115,31 @@ delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
         assert!(split.line().contains(
             "of 100 delivered, 5.00% confirmed more than 10 ms late, 2.00% already read"
         ));
+    }
+
+    #[test]
+    fn a_later_reading_less_an_earlier_one_is_what_came_between() {
+        let earlier = LatenessSplit::read(TEXT).unwrap();
+        let later = LatenessSplit {
+            delivered: 300.0,
+            confirmed_late: 45.0,
+            read_late: 2.0,
+        };
+        let between = later.since(&earlier);
+        assert_eq!(
+            between,
+            LatenessSplit {
+                delivered: 200.0,
+                confirmed_late: 40.0,
+                read_late: 0.0
+            }
+        );
+        assert_eq!(between.shares(), (20.0, 0.0));
+        assert_eq!(
+            between.since(&between).shares(),
+            (0.0, 0.0),
+            "none delivered"
+        );
     }
 
     #[test]

@@ -92,15 +92,12 @@ impl MeasuredBridge {
 
     /// Its metrics now, as Prometheus text.
     pub async fn metrics(&self) -> Result<String> {
-        let response = reqwest::get(&self.metrics_url)
-            .await
-            .with_context(|| format!("GET {}", self.metrics_url))?;
-        response
-            .error_for_status()
-            .with_context(|| format!("GET {}", self.metrics_url))?
-            .text()
-            .await
-            .context("reading the bridge's metrics")
+        read_metrics(&self.metrics_url).await
+    }
+
+    /// Where its metrics are read (for a task that reads them while it runs).
+    pub fn metrics_url(&self) -> &str {
+        &self.metrics_url
     }
 
     /// Its process id.
@@ -121,6 +118,19 @@ impl MeasuredBridge {
         }
         Ok(())
     }
+}
+
+/// A bridge's metrics at `url` (its `/metrics`) now, as Prometheus text.
+pub async fn read_metrics(url: &str) -> Result<String> {
+    let response = reqwest::get(url)
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    response
+        .error_for_status()
+        .with_context(|| format!("GET {url}"))?
+        .text()
+        .await
+        .context("reading the bridge's metrics")
 }
 
 /// A loopback address with a port free now (the system's pick), for the bridge's listener.

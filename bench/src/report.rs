@@ -219,6 +219,10 @@ pub struct Steady {
     pub bridge_lateness: Option<LatenessSplit>,
     /// CPU per message.
     pub cost: Cost,
+    /// The bridge's CPU per message where it took in and delivered the full rate (absent
+    /// for a run too short to have that part, and in reports from before it was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_cpu_us_per_msg_full_rate: Option<f64>,
 }
 
 /// `burst`: messages all due at one instant.
@@ -638,6 +642,10 @@ pub struct MinuteCost {
     pub bridge_us: f64,
     /// The bridge's RSS at its end.
     pub bridge_rss_bytes: u64,
+    /// The bridge's own count of what it delivered in it, and how many late (absent in
+    /// reports from before it was read per minute, and without a bridge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_lateness: Option<LatenessSplit>,
 }
 
 /// A fault scenario (`connection-cuts`, `bridge-chaos`, `fuzz`, `node-loss`,

@@ -125,6 +125,9 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         mib(m.bridge.rss_end),
         mib(m.bridge.peak_rss)
     );
+    if let Some(full) = &m.full_rate {
+        println!("{}", full.line(args.rate));
+    }
     if let Some(split) = &m.lateness_split {
         println!("{}", split.line());
     }
@@ -189,6 +192,7 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
             lateness: spread.map(|s| s.report()),
             bridge_lateness: m.lateness_split.map(|s| s.report()),
             cost: m.cost.report(),
+            bridge_cpu_us_per_msg_full_rate: m.full_rate.map(|f| f.bridge_us(args.rate)),
         },
     )
     .bridge(bridge_description())
@@ -212,8 +216,69 @@ pub struct Load {
     pub body_size: usize,
 }
 
+/// How long after the first publish the bridge may still be short of its full rate of
+/// deliveries, beyond the longest delay (the margin, a bundle's window).
+const FULL_RATE_SETTLES: Duration = Duration::from_secs(1);
+
+/// The bridge's CPU in the part of a run where it takes in and delivers the full rate every
+/// second: from the longest delay (and [`FULL_RATE_SETTLES`]) after the first publish to
+/// the last publish. The whole run's figure also holds the ramps before and after it,
+/// where fewer messages share each wake-up.
+#[derive(Debug, Clone, Copy)]
+pub struct FullRate {
+    /// The window's length.
+    pub window: Duration,
+    /// The bridge's CPU in it.
+    pub bridge_cpu: Duration,
+}
+
+impl FullRate {
+    /// The window after the first publish, (start, end), for `load`; `None` when the run
+    /// publishes too briefly to have one of at least 2 s.
+    pub fn window(load: &Load) -> Option<(Duration, Duration)> {
+        let publishing = Duration::from_secs_f64(load.count as f64 / load.rate);
+        let from = load.max + FULL_RATE_SETTLES;
+        (publishing >= from + Duration::from_secs(2)).then_some((from, publishing))
+    }
+
+    /// The bridge's CPU per message at `rate` messages a second, µs.
+    pub fn bridge_us(&self, rate: f64) -> f64 {
+        self.bridge_cpu.as_secs_f64() * 1e6 / (rate * self.window.as_secs_f64()).max(1.0)
+    }
+
+    /// One line for the human report.
+    pub fn line(&self, rate: f64) -> String {
+        format!(
+            "bridge process at full rate (the {:.0} s from the longest delay after the first publish to the last, taking in and delivering {rate:.0} msg/s): CPU {:.2} s, {:.0} us per message",
+            self.window.as_secs_f64(),
+            self.bridge_cpu.as_secs_f64(),
+            self.bridge_us(rate)
+        )
+    }
+}
+
+/// Reads the CPU of the bridge with process id `pid` over `window` (from
+/// [`FullRate::window`]) after `first_publish`; `None` without a window or a reading.
+async fn read_full_rate(
+    pid: i32,
+    first_publish: tokio::time::Instant,
+    window: Option<(Duration, Duration)>,
+) -> Option<FullRate> {
+    let (from, to) = window?;
+    tokio::time::sleep_until(first_publish + from).await;
+    let start = crate::process_usage::read(pid).ok()?;
+    tokio::time::sleep_until(first_publish + to).await;
+    let end = crate::process_usage::read(pid).ok()?;
+    Some(FullRate {
+        window: to - from,
+        bridge_cpu: start.until(&end).cpu,
+    })
+}
+
 /// What one steady run measured.
 pub struct Measured {
+    /// The bridge's CPU where it ran at the full rate (`None`: too short a run).
+    pub full_rate: Option<FullRate>,
     /// The bridge's own count of late confirms and late reads.
     pub lateness_split: Option<LatenessSplit>,
     /// How busy the whole machine was during the run.
@@ -262,6 +327,11 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
     let (min_ms, max_ms) = (load.min.as_millis() as u64, load.max.as_millis() as u64);
     let ingress = sandbox.ingress.clone();
     let body_size = load.body_size;
+    let full_rate = tokio::spawn(read_full_rate(
+        process.pid()?,
+        tokio::time::Instant::now(),
+        FullRate::window(load),
+    ));
     let published = publish(&channel, count, Some(load.rate), |seq| {
         let delay = rand::random_range(min_ms..=max_ms);
         due_at(&ingress, seq, now_ms() + delay, body_size)
@@ -269,6 +339,7 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
     .await?;
     let deadline = tokio::time::Instant::now() + load.max + Duration::from_secs(30);
     let arrivals = collector.finish(deadline, Duration::from_secs(1)).await?;
+    let full_rate = full_rate.await.unwrap_or(None);
     let end = process.usage()?;
     let broker_end = broker_cpu_now(baseline)?;
     let lateness_split = LatenessSplit::read(&process.metrics().await?);
@@ -278,6 +349,7 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
     let publish_s = (published.confirmed_us - published.started_us) as f64 / 1e6;
     let bridge = start.until(&end);
     Ok(Measured {
+        full_rate,
         lateness_split,
         machine_busy,
         early: arrivals.lateness_us.iter().take_while(|l| **l < 0).count(),
@@ -292,4 +364,37 @@ async fn measure(sandbox: &Sandbox, baseline: &Baseline, load: &Load) -> Result<
             bridge_cpu: bridge.cpu,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(rate: f64, seconds: u64, max_delay_s: u64) -> Load {
+        Load {
+            rate,
+            count: (rate * seconds as f64) as u64,
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(max_delay_s),
+            body_size: 100,
+        }
+    }
+
+    #[test]
+    fn the_full_rate_runs_from_the_longest_delay_to_the_last_publish() {
+        assert_eq!(
+            FullRate::window(&load(2000.0, 30, 20)),
+            Some((Duration::from_secs(21), Duration::from_secs(30)))
+        );
+        assert_eq!(
+            FullRate::window(&load(2000.0, 22, 20)),
+            None,
+            "a run that ends before the full rate lasts 2 s has none"
+        );
+        let full = FullRate {
+            window: Duration::from_secs(10),
+            bridge_cpu: Duration::from_secs(2),
+        };
+        assert_eq!(full.bridge_us(2000.0), 100.0);
+    }
 }

@@ -3,6 +3,7 @@
 
 use super::traffic::{Kind, Layout};
 use crate::Spread;
+use crate::bridge_metrics::LatenessSplit;
 
 /// One message that arrived: its sequence number, when it arrived and when it was due
 /// (epoch µs).
@@ -105,6 +106,9 @@ pub struct Reading {
     pub bridge_cpu_us: u64,
     /// The bridge's RSS now, bytes.
     pub bridge_rss: u64,
+    /// The bridge's own count of its deliveries so far, and how many were late at its
+    /// confirm and when it read them (`None`: no bridge, or its metrics did not answer).
+    pub bridge_lateness: Option<LatenessSplit>,
 }
 
 /// What one minute of the run cost.
@@ -120,6 +124,10 @@ pub struct CostMinute {
     pub bridge_us: f64,
     /// The bridge's RSS at its end, bytes.
     pub bridge_rss: u64,
+    /// The bridge's own count of what it delivered in it, and how many late at its confirm
+    /// and when it read them: a late minute the bridge read on time was the bridge's, one it
+    /// read late the broker's, one it confirmed on time the collector's.
+    pub bridge_lateness: Option<LatenessSplit>,
 }
 
 /// The cost of each minute between consecutive readings (the first is the start).
@@ -140,6 +148,10 @@ pub fn cost_per_minute(readings: &[Reading]) -> Vec<CostMinute> {
                     .map(|(a, b)| per(b.saturating_sub(a))),
                 bridge_us: per(b.bridge_cpu_us.saturating_sub(a.bridge_cpu_us)),
                 bridge_rss: b.bridge_rss,
+                bridge_lateness: b
+                    .bridge_lateness
+                    .zip(a.bridge_lateness)
+                    .map(|(b, a)| b.since(&a)),
             }
         })
         .collect()
@@ -232,16 +244,30 @@ mod tests {
             broker_cpu_us: Some(broker),
             bridge_cpu_us: bridge,
             bridge_rss: rss,
+            bridge_lateness: Some(LatenessSplit {
+                delivered: published as f64,
+                confirmed_late: (published / 10) as f64,
+                read_late: 0.0,
+            }),
         };
+        let mut unanswered = reading(300, 61_000, 14_000, 30);
+        unanswered.bridge_lateness = None;
         let minutes = cost_per_minute(&[
             reading(0, 1_000, 0, 10),
             reading(100, 51_000, 10_000, 20),
             reading(300, 61_000, 14_000, 30),
+            unanswered,
         ]);
-        assert_eq!(minutes.len(), 2);
+        assert_eq!(minutes.len(), 3);
         assert_eq!(minutes[0].broker_us, Some(500.0));
         assert_eq!(minutes[1].broker_us, Some(50.0));
         assert_eq!(minutes[1].bridge_us, 20.0);
         assert_eq!(minutes[1].bridge_rss, 30);
+        let late = minutes[1].bridge_lateness.expect("both minutes answered");
+        assert_eq!((late.delivered, late.confirmed_late), (200.0, 20.0));
+        assert!(
+            minutes[2].bridge_lateness.is_none(),
+            "a reading the bridge did not answer gives no split"
+        );
     }
 }

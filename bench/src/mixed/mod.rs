@@ -39,6 +39,7 @@ use self::traffic::{Kind, Layout, message_id};
 use self::via::Via;
 use super::above_zero::above_zero;
 use super::baseline::{Baseline, BaselineArgs};
+use super::bridge_metrics::LatenessSplit;
 use super::load::{Outgoing, body, now_us, publish};
 use super::measured_bridge::MeasuredBridge;
 use super::{Spread, Target, mib, ms, print_targets, target_rows};
@@ -271,7 +272,8 @@ async fn measure(
     let published = Arc::new(AtomicU64::new(0));
     let start_us = now_us();
     let bridge_pid = bridge.as_ref().map(MeasuredBridge::pid).transpose()?;
-    let sampler = Sampler::start(baseline, bridge_pid, published.clone());
+    let metrics_url = bridge.as_ref().map(|b| b.metrics_url().to_owned());
+    let sampler = Sampler::start(baseline, bridge_pid, metrics_url, published.clone());
 
     // Cancels and reschedules, each a moment after its message.
     let client = Client::connect_to(std::slice::from_ref(sandbox.config.url()), sandbox.prefix())
@@ -493,8 +495,14 @@ struct Sampler {
 }
 
 impl Sampler {
-    /// Reads the broker and, when there is one, the bridge with process id `bridge`.
-    fn start(baseline: &Baseline, bridge: Option<i32>, published: Arc<AtomicU64>) -> Self {
+    /// Reads the broker and, when there is one, the bridge with process id `bridge` and its
+    /// own lateness count at `metrics_url`.
+    fn start(
+        baseline: &Baseline,
+        bridge: Option<i32>,
+        metrics_url: Option<String>,
+        published: Arc<AtomicU64>,
+    ) -> Self {
         let broker = baseline.broker.clone();
         let read: Arc<dyn Fn() -> Reading + Send + Sync> = Arc::new(move || {
             let usage = bridge.and_then(|pid| crate::process_usage::read(pid).ok());
@@ -506,22 +514,24 @@ impl Sampler {
                     .map(|cpu| cpu.as_micros() as u64),
                 bridge_cpu_us: usage.map_or(0, |u| u.cpu.as_micros() as u64),
                 bridge_rss: usage.map_or(0, |u| u.rss),
+                bridge_lateness: None,
             }
         });
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
         let reader = read.clone();
         let task = tokio::spawn(async move {
-            let mut readings = vec![reader()];
+            let metrics_url = metrics_url.as_deref();
+            let mut readings = vec![with_lateness(reader(), metrics_url).await];
             let mut minute = tokio::time::interval(Duration::from_secs(60));
             minute.tick().await;
             loop {
                 tokio::select! {
-                    _ = minute.tick() => readings.push(reader()),
+                    _ = minute.tick() => readings.push(with_lateness(reader(), metrics_url).await),
                     _ = stopped.cancelled() => break,
                 }
             }
-            readings.push(reader());
+            readings.push(with_lateness(reader(), metrics_url).await);
             readings
         });
         Self { task, stop, read }
@@ -538,6 +548,18 @@ impl Sampler {
         let readings = self.task.await.context("the sampler task")?;
         Ok((readings, (self.read)()))
     }
+}
+
+/// `reading` with the bridge's own lateness count read from its listener at `metrics_url`
+/// (left out when there is no bridge or it does not answer).
+async fn with_lateness(mut reading: Reading, metrics_url: Option<&str>) -> Reading {
+    if let Some(url) = metrics_url {
+        reading.bridge_lateness = super::measured_bridge::read_metrics(url)
+            .await
+            .ok()
+            .and_then(|text| LatenessSplit::read(&text));
+    }
+    reading
 }
 
 fn report(
@@ -592,10 +614,10 @@ fn report(
         }
     }
     println!(
-        "per minute of due time: small messages' lateness, ms; per minute of the run: CPU per message published, us; bridge RSS"
+        "per minute of due time: small messages' lateness, ms; per minute of the run: CPU per message published, us; bridge RSS; of what the bridge delivered, % late over 10 ms by its own count at its confirm / when it read them"
     );
     println!(
-        "{:>6} {:>8} {} {:>6} {:>6} | {:>8} {:>8} {:>10}",
+        "{:>6} {:>8} {} {:>6} {:>6} | {:>8} {:>8} {:>10} {:>13}",
         "minute",
         "small",
         Spread::header(),
@@ -603,7 +625,8 @@ fn report(
         "burst",
         "broker",
         "bridge",
-        "RSS"
+        "RSS",
+        "late conf/read"
     );
     let rows = m.due.len().max(m.cost.len());
     // Nothing to read of a bridge when the plugin carries the delays.
@@ -612,8 +635,18 @@ fn report(
         let due = m.due.get(i);
         let cost = m.cost.get(i);
         let small = due.and_then(|d| d.small);
+        let late = cost
+            .filter(|_| bridged)
+            .and_then(|c| c.bridge_lateness)
+            .map_or_else(
+                || "-".into(),
+                |late| {
+                    let (confirmed, read) = late.shares();
+                    format!("{confirmed:.2}/{read:.2}")
+                },
+            );
         println!(
-            "{:>6} {:>8} {} {:>6} {:>6} | {:>8} {:>8} {:>10}",
+            "{:>6} {:>8} {} {:>6} {:>6} | {:>8} {:>8} {:>10} {late:>13}",
             i + 1,
             small.map_or(0, |s| s.count),
             small.map_or_else(|| format!("{:>53}", "-"), |s| s.row()),
@@ -771,6 +804,7 @@ fn report(
                         broker_us: c.broker_us,
                         bridge_us: c.bridge_us,
                         bridge_rss_bytes: c.bridge_rss,
+                        bridge_lateness: c.bridge_lateness.map(|l| l.report()),
                     };
                     (format!("{:02}", c.minute), cost)
                 })
