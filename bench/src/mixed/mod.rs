@@ -550,13 +550,19 @@ impl Sampler {
     }
 }
 
+/// How long a minute's reading waits for the bridge's metrics, so that a bridge that does
+/// not answer costs that minute's split, not the later minutes' readings.
+const METRICS_WITHIN: Duration = Duration::from_secs(5);
+
 /// `reading` with the bridge's own lateness count read from its listener at `metrics_url`
-/// (left out when there is no bridge or it does not answer).
+/// (left out when there is no bridge or it does not answer within [`METRICS_WITHIN`]).
 async fn with_lateness(mut reading: Reading, metrics_url: Option<&str>) -> Reading {
     if let Some(url) = metrics_url {
-        reading.bridge_lateness = super::measured_bridge::read_metrics(url)
-            .await
+        let metrics =
+            tokio::time::timeout(METRICS_WITHIN, super::measured_bridge::read_metrics(url)).await;
+        reading.bridge_lateness = metrics
             .ok()
+            .and_then(Result::ok)
             .and_then(|text| LatenessSplit::read(&text));
     }
     reading
