@@ -9,8 +9,10 @@
 //! [`ByteBudget::taken`] says so.
 //!
 //! - The window is as many of the largest body seen lately as fit in the budget, between 1
-//!   and `prefetch`. A session starts with a small one ([`START_WINDOW`]), before any body
-//!   size is known.
+//!   and `prefetch`. A session starts with a window of one ([`START_WINDOW`]): before any
+//!   body size is known, the broker pushes a new consumer's whole window at once (a backlog
+//!   waiting at a restart, say), so a wider first window would let a publisher's large
+//!   bodies fill it past the budget. The first delivery sizes the window.
 //! - "Lately" is the current period: the deliveries since the window was set, or since the
 //!   last window's worth of them. A body that makes the window too wide narrows it at once;
 //!   a period of a window's worth of bodies that would fit twice as many widens it, and
@@ -21,10 +23,12 @@
 //!   half the budget is free.
 //!
 //! What this cannot bound: the deliveries the broker sent before the bridge saw a larger
-//! body than before (at most one window of them).
+//! body than before, at most one window of them. A window widened for small bodies can
+//! therefore hold that many large ones past the budget once, before it narrows.
 
-/// The window a session starts with, before any body size is known.
-pub(crate) const START_WINDOW: u16 = 64;
+/// The window a session starts with, before any body size is known: one delivery, which
+/// sizes the next window.
+pub(crate) const START_WINDOW: u16 = 1;
 
 /// What the session should do after taking a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +159,19 @@ mod tests {
         b.taken(u64::MAX);
         b.taken(u64::MAX);
         assert_eq!(b.unacked(), u64::MAX);
+    }
+
+    /// Before any body is seen, the broker may push a new consumer's whole window at once:
+    /// it is one, and the first delivery sizes the next, large or small.
+    #[test]
+    fn the_first_window_is_one_and_the_first_delivery_sizes_the_next() {
+        let mut large = ByteBudget::new(512 * KIB, 4000);
+        assert_eq!(large.window(), 1);
+        assert_eq!(large.taken(256 * KIB), Some(Retune::Resize(2)));
+        let mut small = ByteBudget::new(512 * KIB, 4000);
+        assert_eq!(small.taken(100), Some(Retune::Resize(4000)));
+        let mut too_large = ByteBudget::new(512 * KIB, 4000);
+        assert_eq!(too_large.taken(1024 * KIB), Some(Retune::Pause(1)));
     }
 
     #[test]

@@ -196,6 +196,9 @@ async fn quorum_mode_delivers_through_quorum_levels() {
         ladder: "100ms 300ms",
         margin: Duration::from_millis(30),
         queue_type: "quorum",
+        // Its verdict is a lateness bound (381 ms against 300 once on 4.0.5 beside three
+        // other tests).
+        alone: true,
         ..Setup::new("quorum")
     })
     .await;

@@ -335,6 +335,44 @@ async fn large_bodies_are_held_within_the_byte_budget() {
     w.cleanup().await;
 }
 
+/// A backlog of large bodies that waits when the bridge starts: a new consumer's first
+/// window is pushed whole before the bridge has seen a body, so that window must be one. A
+/// session used to start at 64 and took the whole backlog at once (6 MiB here, against a
+/// budget of 1 MiB), whatever the budget said.
+#[tokio::test]
+async fn a_backlog_of_large_bodies_at_a_start_is_held_within_the_byte_budget() {
+    const BUDGET: u64 = 1 << 20;
+    const BODY: usize = 256 << 10;
+    const N: usize = 24;
+    let mut w = World::start(Setup {
+        max_unacked_bytes: Some(BUDGET),
+        start_bridge: false,
+        ..Setup::new("budget-backlog")
+    })
+    .await;
+    for i in 0..N {
+        let props = with_delay(0).with_message_id(format!("big-{i}").into());
+        w.publish("rk.big", &vec![b'b'; BODY], props).await;
+    }
+    w.start_bridge().await;
+    let got = w.recv_n(N, 30 * SEC).await;
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|m| m.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), N, "every message once");
+    let most = w.stats().snapshot().max_unacked_bytes_seen;
+    println!("budget: at most {most} body bytes unacked (budget {BUDGET})");
+    assert!(
+        most <= BUDGET,
+        "held {most} bytes of bodies unacked, over the budget of {BUDGET}"
+    );
+    w.assert_quiet(Duration::from_millis(300)).await;
+    w.cleanup().await;
+}
+
 /// An entry of the cancel stream lapin cannot read (a header name that is not UTF-8,
 /// appended by hand) failed every session at its catch-up, before it consumed anything;
 /// then a bare connection read the stream apart after one lost session. The follower now
