@@ -9,7 +9,7 @@
 //! every ack walked past all of them.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use lapin::types::FieldTable;
 
@@ -47,6 +47,31 @@ pub(super) struct Tag {
     pub(super) delivery: u64,
 }
 
+/// How often a queue's consumer was handed over to a successor (to change its window),
+/// counted at both ends: odd while the old one is cancelled and the new one not yet
+/// started. The peers watch reads it, so as not to take this bridge's own returns
+/// consumer, between two consumers, for an instance that cannot read bundles.
+#[derive(Debug, Default)]
+pub(super) struct Handovers(AtomicU64);
+
+impl Handovers {
+    /// A handover began or ended.
+    pub(super) fn step(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A reading to pass to [`Handovers::between_since`].
+    pub(super) fn reading(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// True when the queue had no consumer of this session at some moment since
+    /// `reading` was taken (one was under way then, or one began or ended since).
+    pub(super) fn between_since(&self, reading: u64) -> bool {
+        reading % 2 == 1 || self.reading() != reading
+    }
+}
+
 /// One consumed queue, its channel, its share of the byte budget and its acks.
 pub(super) struct Consuming {
     inlet: Inlet,
@@ -68,6 +93,8 @@ pub(super) struct Consuming {
     pub(super) tracker: AckTracker,
     /// Where the running consumer's window is reported.
     stats: Arc<Stats>,
+    /// Its consumer's handovers, as the peers watch reads them.
+    handovers: Arc<Handovers>,
 }
 
 impl Consuming {
@@ -103,9 +130,15 @@ impl Consuming {
             budget,
             tracker: AckTracker::new(),
             stats: shared.stats.clone(),
+            handovers: Arc::default(),
         };
         consuming.consume().await?;
         Ok(consuming)
+    }
+
+    /// Its consumer's handovers.
+    pub(super) fn handovers(&self) -> Arc<Handovers> {
+        self.handovers.clone()
     }
 
     /// The queue's name.
@@ -150,6 +183,7 @@ impl Consuming {
             "changing the consumer's prefetch window for bridge.max_unacked_bytes"
         );
         self.replacing = true;
+        self.handovers.step();
         let channel = self.channel.clone();
         let tag = self.consumer_tag.as_str().into();
         tokio::spawn(async move {
@@ -174,6 +208,7 @@ impl Consuming {
             .map_err(BridgeError::wire("setting prefetch"))?;
         self.consume().await?;
         self.replacing = false;
+        self.handovers.step();
         self.budget.resumed();
         tracing::debug!(queue = %self.queue, window, unacked_bytes = self.budget.unacked(), "consuming");
         Ok(())

@@ -73,6 +73,7 @@ pub(super) async fn run(
         shared.clone(),
         connection.clone(),
         carrier.bundle_gate().clone(),
+        returns.handovers(),
         stop.clone(),
     )
     .await;

@@ -471,6 +471,59 @@ async fn no_bundles_while_an_instance_that_cannot_read_them_consumes_the_work_qu
     w.cleanup().await;
 }
 
+/// A bridge's own returns consumer, paused for the byte budget while what it holds waits
+/// for its last seconds, is not an instance that cannot read bundles: hops go on in
+/// bundles. (Before, the peers' reading every 2 s counted no consumer on the returns queue
+/// while the pause lasted, closed the bundle gate and warned of an older version.)
+#[tokio::test]
+async fn a_returns_consumer_paused_for_the_byte_budget_keeps_the_bundle_gate_open() {
+    const N: usize = 2;
+    const BODY: usize = 600 << 10;
+    let mut w = World::start(Setup {
+        // Read 3 s early and held: the returns consumer pauses while a body of 600 KiB
+        // (against its share of 512 KiB) waits for its instant.
+        margin: Duration::from_secs(3),
+        max_unacked_bytes: Some(1 << 20),
+        ..bundling("bundles-paused")
+    })
+    .await;
+    let stats = w.stats();
+    let sampled = stats.clone();
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_closed = closed.clone();
+    let sampler = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tick.tick().await;
+            if sampled.snapshot().bundling == 0 {
+                seen_closed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let due = now_ms() + 7_000;
+    for i in 0..N {
+        w.publish(
+            &format!("rk.paused.{i}"),
+            &vec![b'p'; BODY],
+            properties(i, due),
+        )
+        .await;
+    }
+    let received = w.recv_n(N, 20 * SEC).await;
+    sampler.abort();
+    assert_once_each(&received, N, |_, m| assert_eq!(m.body.len(), BODY));
+    let counts = stats.snapshot();
+    assert!(
+        counts.pauses >= 1,
+        "the returns consumer paused: {counts:?}"
+    );
+    assert!(
+        !closed.load(std::sync::atomic::Ordering::Relaxed),
+        "the bundle gate closed while the bridge's own returns consumer paused: {counts:?}"
+    );
+    w.cleanup().await;
+}
+
 /// A bundle that came back is held until its last message is delivered, so a crash
 /// delivers again the messages of the held bundles that were delivered already. With the
 /// hop window's fine levels below the smallest level, the last bundle's messages are due

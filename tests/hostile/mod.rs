@@ -316,23 +316,7 @@ async fn large_bodies_are_held_within_the_byte_budget() {
             )]));
         w.publish("rk.big", &vec![b'b'; BODY], props).await;
     }
-    let got = w.recv_n(N, 30 * SEC).await;
-    let mut ids: Vec<String> = got
-        .iter()
-        .map(|m| m.properties.message_id().as_ref().unwrap().to_string())
-        .collect();
-    ids.sort();
-    ids.dedup();
-    assert_eq!(ids.len(), N, "every message once");
-    assert!(got.iter().all(|m| m.body.len() == BODY));
-    let most = w.stats().snapshot().max_unacked_bytes_seen;
-    println!("budget: at most {most} body bytes unacked (budget {BUDGET})");
-    assert!(
-        most <= BUDGET,
-        "held {most} bytes of bodies unacked, over the budget of {BUDGET}"
-    );
-    w.assert_quiet(Duration::from_millis(300)).await;
-    w.cleanup().await;
+    large_bodies_arrive_once_within(w, N, BODY, BUDGET).await;
 }
 
 /// A backlog of large bodies that waits when the bridge starts: a new consumer's first
@@ -355,19 +339,26 @@ async fn a_backlog_of_large_bodies_at_a_start_is_held_within_the_byte_budget() {
         w.publish("rk.big", &vec![b'b'; BODY], props).await;
     }
     w.start_bridge().await;
-    let got = w.recv_n(N, 30 * SEC).await;
+    large_bodies_arrive_once_within(w, N, BODY, BUDGET).await;
+}
+
+/// Receives `n` messages of `body` bytes, each once, checks that the bridge never held more
+/// than `budget` bytes of bodies unacked, and deletes the world.
+async fn large_bodies_arrive_once_within(mut w: World, n: usize, body: usize, budget: u64) {
+    let got = w.recv_n(n, 30 * SEC).await;
     let mut ids: Vec<String> = got
         .iter()
         .map(|m| m.properties.message_id().as_ref().unwrap().to_string())
         .collect();
     ids.sort();
     ids.dedup();
-    assert_eq!(ids.len(), N, "every message once");
+    assert_eq!(ids.len(), n, "every message once");
+    assert!(got.iter().all(|m| m.body.len() == body));
     let most = w.stats().snapshot().max_unacked_bytes_seen;
-    println!("budget: at most {most} body bytes unacked (budget {BUDGET})");
+    println!("budget: at most {most} body bytes unacked (budget {budget})");
     assert!(
-        most <= BUDGET,
-        "held {most} bytes of bodies unacked, over the budget of {BUDGET}"
+        most <= budget,
+        "held {most} bytes of bodies unacked, over the budget of {budget}"
     );
     w.assert_quiet(Duration::from_millis(300)).await;
     w.cleanup().await;
