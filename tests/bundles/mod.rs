@@ -587,3 +587,68 @@ async fn a_crash_doubles_only_the_deliveries_of_about_one_window() {
     second.terminate(20 * SEC).await.expect("stops");
     w.cleanup().await;
 }
+
+/// An older instance that comes and goes while messages flow: the bundle gate closes and
+/// opens again several times, and hops switch between bundles and alone with messages in
+/// every stage. Every message still arrives once.
+#[tokio::test]
+async fn a_gate_that_closes_and_opens_while_messages_flow_loses_nothing() {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    const N: usize = 1500;
+    let mut w = World::start(bundling("bundles-flapping")).await;
+    let stats = w.stats();
+    let work_queue = w.config.names.work_queue();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let toggler = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut flips = 0;
+            while !stop.is_cancelled() {
+                let older = connect().await;
+                let channel = older.create_channel().await.unwrap();
+                channel
+                    .basic_qos(1, BasicQosOptions::default())
+                    .await
+                    .unwrap();
+                let _consumer = channel
+                    .basic_consume(
+                        work_queue.as_str().into(),
+                        "older-instance".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(2_300)).await;
+                older.close(200, "gone".into()).await.unwrap();
+                flips += 1;
+                tokio::time::sleep(Duration::from_millis(2_300)).await;
+            }
+            flips
+        })
+    };
+    let start = now_ms();
+    for i in 0..N {
+        let due = now_ms() + 1_000 + (i as u64 * 37) % 3_000;
+        w.publish(
+            &format!("rk.flap.{i}"),
+            format!("body-{i}").as_bytes(),
+            properties(i, due),
+        )
+        .await;
+        // about 100 a second
+        let next = start + (i as u64 + 1) * 10;
+        if let Some(wait) = next.checked_sub(now_ms()) {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+    }
+    let received = w.recv_n(N, 40 * SEC).await;
+    stop.cancel();
+    let flips = toggler.await.unwrap();
+    assert_once_each(&received, N, |_, _| {});
+    let counts = stats.snapshot();
+    println!("older instance came and went {flips} times: {counts:?}");
+    assert!(flips >= 2 && counts.bundles >= 1, "{counts:?}");
+    w.assert_quiet(SEC).await;
+    w.cleanup().await;
+}
