@@ -32,6 +32,29 @@ async fn bundling_world(test: &str) -> World {
     World::start(bundling(test)).await
 }
 
+/// An instance of a version that cannot read bundles: a consumer of the work queue alone,
+/// one message at a time, which it never acks (the message goes back to the queue when it
+/// leaves). Its connection and its consumer; closing the connection ends it.
+async fn an_older_instance(work_queue: &str) -> (lapin::Connection, lapin::Consumer) {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    let older = connect().await;
+    let channel = older.create_channel().await.unwrap();
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let consumer = channel
+        .basic_consume(
+            work_queue.into(),
+            "older-instance".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (older, consumer)
+}
+
 /// Properties with every kind of value a publisher may set, binary strings included.
 fn properties(i: usize, deliver_at: u64) -> BasicProperties {
     let mut nested = FieldTable::default();
@@ -412,30 +435,13 @@ async fn a_bundle_parked_by_an_older_bridge_is_replayed_and_its_messages_deliver
 /// in bundles again. Every message arrives once.
 #[tokio::test]
 async fn no_bundles_while_an_instance_that_cannot_read_them_consumes_the_work_queue() {
-    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
     const N: usize = 60;
     let mut w = World::start(Setup {
         start_bridge: false,
         ..bundling("bundles-gate")
     })
     .await;
-    // The older instance: a consumer of the work queue alone, one message at a time, which
-    // it never acks (the message goes back to the queue when it leaves).
-    let older = connect().await;
-    let channel = older.create_channel().await.unwrap();
-    channel
-        .basic_qos(1, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let _consumer = channel
-        .basic_consume(
-            w.config.names.work_queue().as_str().into(),
-            "older-instance".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (older, _consumer) = an_older_instance(&w.config.names.work_queue()).await;
     w.start_bridge().await;
     let stats = w.stats();
     assert_eq!(stats.snapshot().bundling, 0, "not while the older one runs");
@@ -593,7 +599,6 @@ async fn a_crash_doubles_only_the_deliveries_of_about_one_window() {
 /// every stage. Every message still arrives once.
 #[tokio::test]
 async fn a_gate_that_closes_and_opens_while_messages_flow_loses_nothing() {
-    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
     const N: usize = 1500;
     let mut w = World::start(bundling("bundles-flapping")).await;
     let stats = w.stats();
@@ -604,21 +609,7 @@ async fn a_gate_that_closes_and_opens_while_messages_flow_loses_nothing() {
         tokio::spawn(async move {
             let mut flips = 0;
             while !stop.is_cancelled() {
-                let older = connect().await;
-                let channel = older.create_channel().await.unwrap();
-                channel
-                    .basic_qos(1, BasicQosOptions::default())
-                    .await
-                    .unwrap();
-                let _consumer = channel
-                    .basic_consume(
-                        work_queue.as_str().into(),
-                        "older-instance".into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
+                let (older, _consumer) = an_older_instance(&work_queue).await;
                 tokio::time::sleep(Duration::from_millis(2_300)).await;
                 older.close(200, "gone".into()).await.unwrap();
                 flips += 1;
