@@ -55,21 +55,23 @@ pub(super) async fn watch(
         return;
     }
     let mut channel = None;
-    let watched = Watched {
-        gate: &gate,
-        own_returns: &own_returns,
-    };
-    check(&shared, &connection, watched, &mut channel, true).await;
+    check(
+        &shared,
+        &connection,
+        &gate,
+        &own_returns,
+        &mut channel,
+        true,
+    )
+    .await;
     tokio::spawn(async move {
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let watched = Watched {
-            gate: &gate,
-            own_returns: &own_returns,
-        };
         loop {
             tokio::select! {
-                _ = every.tick() => check(&shared, &connection, watched, &mut channel, false).await,
+                _ = every.tick() => {
+                    check(&shared, &connection, &gate, &own_returns, &mut channel, false).await;
+                }
                 _ = stop.cancelled() => break,
             }
         }
@@ -80,36 +82,29 @@ pub(super) async fn watch(
     });
 }
 
-/// What a reading decides, and what it must know of this session.
-#[derive(Clone, Copy)]
-struct Watched<'a> {
-    /// Whether hops travel in bundles.
-    gate: &'a BundleGate,
-    /// The handovers of this session's returns consumer.
-    own_returns: &'a Handovers,
-}
-
-/// One reading, on `channel` (opened anew when it is gone), into the gate; a change is
-/// logged (and, on the `first` reading, a closed gate).
+/// One reading, on `channel` (opened anew when it is gone), into the `gate`, with this
+/// session's returns consumer counted while `own_returns` says it is between two; a change
+/// is logged (and, on the `first` reading, a closed gate).
 async fn check(
     shared: &Shared,
     connection: &Connection,
-    watched: Watched<'_>,
+    gate: &BundleGate,
+    own_returns: &Handovers,
     channel: &mut Option<Channel>,
     first: bool,
 ) {
     if !channel.as_ref().is_some_and(|c| c.status().connected()) {
         *channel = connection.create_channel().await.ok();
     }
-    let before = watched.own_returns.reading();
+    let before = own_returns.reading();
     let reading = match channel {
         Some(open) => read(shared, open).await,
         None => None,
     };
-    let own_between = watched.own_returns.between_since(before);
+    let own_between = own_returns.between_since(before);
     let allowed =
         reading.is_some_and(|(work, returns)| every_peer_reads_bundles(work, returns, own_between));
-    let was = watched.gate.set(allowed);
+    let was = gate.set(allowed);
     match (was, allowed, reading) {
         (true, false, Some((work, returns))) | (false, false, Some((work, returns)))
             if (was || first) && work.consumers > returns.consumers + u64::from(own_between) =>
