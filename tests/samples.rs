@@ -17,7 +17,7 @@
 //!
 //! Before two blocks are compared, both are masked, so that what changes from run to run
 //! does not count: times of day (`19:53:25.938`) become `<time>`, RFC 3339 date-times
-//! `<date-time>`, UUIDs `<uuid>`, a signed lateness (`+2 ms`) `<late>`, a loopback port
+//! `<date-time>`, UUIDs `<uuid>`, a signed lateness with the blanks before it (`     +2 ms`) ` <late>`, a loopback port
 //! (`127.0.0.1:40123`) `127.0.0.1:<port>`, the demo's prefix (`delay-bridge-demo-1a2b3c4d`)
 //! `delay-bridge-demo-<id>`, a parked message's age before its detail (`   5s  target
 //! exchange`) `<age>`; trailing blanks and a final empty line are dropped. Nothing
@@ -110,7 +110,8 @@ fn masks() -> Vec<Mask> {
             r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
             "<uuid>",
         ),
-        (r"[+-]\d+ ms\b", "<late>"),
+        // With the blanks that right-align it: `+12 ms` is one column wider than `+2 ms`.
+        (r" +[+-]\d+ ms\b", " <late>"),
         (r"127\.0\.0\.1:\d+", "127.0.0.1:<port>"),
         (r"delay-bridge-demo-[0-9a-f]{8}", "delay-bridge-demo-<id>"),
         (
@@ -712,7 +713,15 @@ fn the_mask_hides_times_ids_lateness_and_ports_and_nothing_else() {
             "   1000 ms  19:53:25.938  19:53:25.940     +2 ms             0  \n\n",
             &masks
         ),
-        "   1000 ms  <time>  <time>     <late>             0"
+        "   1000 ms  <time>  <time> <late>             0"
+    );
+    assert_eq!(
+        masked(
+            "   1000 ms  19:53:25.938  19:53:25.952    +14 ms             0",
+            &masks
+        ),
+        "   1000 ms  <time>  <time> <late>             0",
+        "a lateness of two digits is masked as one of one"
     );
     assert_eq!(
         masked(
