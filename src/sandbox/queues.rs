@@ -58,6 +58,29 @@ impl Sandbox {
         Ok(total)
     }
 
+    /// Ready messages in every queue the sandbox declared or adopted (the bridge's work,
+    /// parked, returns and level queues, the target queue and the extra ones), the cancel
+    /// stream aside; only those that hold any, in declaration order. Read after the bridge
+    /// stopped, it says where messages that never arrived still wait.
+    pub async fn messages_left(&self) -> Result<Vec<(String, u64)>, SandboxError> {
+        let topology = crate::topology::Topology::from_config(&self.config);
+        let channel = self.channel().await?;
+        let mut left = Vec::new();
+        for queue in topology
+            .queues
+            .iter()
+            .map(|q| &q.name)
+            .chain(&self.queues())
+        {
+            let messages = counts_on(&channel, queue).await?.messages;
+            if messages > 0 {
+                left.push((queue.clone(), messages));
+            }
+        }
+        let _ = channel.close(200, "counted".into()).await;
+        Ok(left)
+    }
+
     /// Waits until the work queue has at least `n` consumers (bridges in process or in
     /// child processes), checking every 20 ms.
     pub async fn wait_for_consumers(&self, n: u64, within: Duration) -> Result<(), SandboxError> {

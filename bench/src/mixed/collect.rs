@@ -119,6 +119,24 @@ impl Collected {
             .collect()
     }
 
+    /// A copy of `seq` was parked: true when it is the first (a second copy must not make
+    /// up for a message still on its way, or the wait would end early).
+    fn park(&mut self, seq: u64) -> bool {
+        let Some(parked) = self.parked.get_mut(seq as usize) else {
+            return false;
+        };
+        *parked += 1;
+        *parked == 1
+    }
+
+    /// The sequence numbers that should have reached the target and did not, in order.
+    pub fn missing(&self, layout: &Layout, late: &[u64]) -> Vec<u64> {
+        (0..layout.total())
+            .filter(|seq| layout.kind(*seq).is_delivered())
+            .filter(|seq| self.counted_copies(*seq, late) == 0)
+            .collect()
+    }
+
     /// A copy of `seq` reached the target: true when it is the first.
     fn target(&mut self, seq: u64, due_us: u64, at: u64) -> bool {
         let Some(copies) = self.copies.get_mut(seq as usize) else {
@@ -130,6 +148,22 @@ impl Collected {
         }
         *copies == 1
     }
+}
+
+/// Sorted sequence numbers as runs `(first, last, count)`: a number at most `gap` after the
+/// previous one continues its run. Shows whether what went missing went together.
+pub fn runs(seqs: &[u64], gap: u64) -> Vec<(u64, u64, usize)> {
+    let mut runs: Vec<(u64, u64, usize)> = Vec::new();
+    for &seq in seqs {
+        match runs.last_mut() {
+            Some((_, last, count)) if seq.saturating_sub(*last) <= gap => {
+                *last = seq;
+                *count += 1;
+            }
+            _ => runs.push((seq, seq, 1)),
+        }
+    }
+    runs
 }
 
 /// Consumes the target and parked queues (auto-ack) in a task of its own.
@@ -203,8 +237,9 @@ impl Collector {
                         );
                         match read_body(&delivery.data) {
                             Some((seq, _)) if unroutable && seq < total => {
-                                collected.parked[seq as usize] += 1;
-                                arrived += 1;
+                                if collected.park(seq) {
+                                    arrived += 1;
+                                }
                             }
                             _ => collected.strays += 1,
                         }
@@ -279,6 +314,34 @@ mod tests {
                 unparked: 1,
                 misparked: 1,
             }
+        );
+    }
+
+    #[test]
+    fn a_second_parked_copy_is_not_a_first_arrival_and_missing_lists_what_did_not_come() {
+        let (layout, mut c) = each_delivered_once();
+        let unroutable: Vec<u64> = (0..layout.total())
+            .filter(|s| layout.kind(*s) == Kind::Unroutable)
+            .collect();
+        for seq in &unroutable {
+            assert!(c.park(*seq), "the first copy");
+        }
+        assert_eq!(c.outcomes(&layout, &[]).unparked, 0, "each parked once");
+        assert!(!c.park(unroutable[0]), "the second copy");
+        assert!(!c.park(layout.total()), "not a sequence number of the run");
+        assert_eq!(c.outcomes(&layout, &[]).unparked, 1, "parked twice");
+        assert!(c.missing(&layout, &[]).is_empty());
+        c.copies[20] = 0;
+        c.copies[1001] = 0;
+        assert_eq!(c.missing(&layout, &[]), vec![20, 1001]);
+    }
+
+    #[test]
+    fn runs_join_numbers_within_the_gap() {
+        assert_eq!(runs(&[], 10), vec![]);
+        assert_eq!(
+            runs(&[3, 5, 15, 40, 41, 100], 10),
+            vec![(3, 15, 3), (40, 41, 2), (100, 100, 1)]
         );
     }
 

@@ -188,8 +188,16 @@ pub async fn run(base: &Config, args: &Args) -> Result<()> {
         }
     };
     let measured = measure(&sandbox, &via, &burst_queue, &baseline, args, &shape).await;
+    // Where what never arrived still waits (the bridge has stopped), before the sandbox
+    // deletes it: a message still in a queue was late, one in none was lost.
+    let left = match &measured {
+        Ok(m) if m.outcomes.missing + m.outcomes.unparked > 0 => {
+            Some(sandbox.messages_left().await?)
+        }
+        _ => None,
+    };
     sandbox.finish().await?;
-    report(base, &via, &baseline, args, &shape, measured?)
+    report(base, &via, &baseline, args, &shape, measured?, left)
 }
 
 /// What one soak measured.
@@ -201,6 +209,8 @@ struct Measured {
     late_cancels: u64,
     /// Missing and doubled, by kind.
     by_kind: Vec<(Kind, (u64, u64))>,
+    /// The sequence numbers that should have reached the target and did not.
+    missing: Vec<u64>,
     strays: u64,
     /// Per burst: seconds from its due instant to its last arrival.
     burst_drains: Vec<f64>,
@@ -389,6 +399,7 @@ async fn measure(
         outcomes: collected.outcomes(&layout, &late_cancels),
         late_cancels: late_cancels.len() as u64,
         by_kind: collected.by_kind(&layout, &late_cancels),
+        missing: collected.missing(&layout, &late_cancels),
         strays: collected.strays,
         burst_drains,
         peak_rss,
@@ -568,6 +579,36 @@ async fn with_lateness(mut reading: Reading, metrics_url: Option<&str>) -> Readi
     reading
 }
 
+/// What went missing, in runs of sequence numbers (a run joins those published within a
+/// second of each other), and where messages still waited once the bridge stopped.
+fn report_missing(missing: &[u64], rate: u64, left: Option<&[(String, u64)]>) {
+    const RUNS_SHOWN: usize = 20;
+    if !missing.is_empty() {
+        let runs = collect::runs(missing, rate);
+        println!(
+            "missing by sequence number, in {} runs (the steady flow publishes {rate} a second):",
+            runs.len()
+        );
+        for (first, last, count) in runs.iter().take(RUNS_SHOWN) {
+            println!("  {first}-{last}: {count}");
+        }
+        if runs.len() > RUNS_SHOWN {
+            println!("  ... and {} runs more", runs.len() - RUNS_SHOWN);
+        }
+    }
+    match left {
+        None => {}
+        Some([]) => println!("left in the topology once the bridge stopped: nothing"),
+        Some(left) => {
+            let queues: Vec<String> = left.iter().map(|(q, n)| format!("{q} {n}")).collect();
+            println!(
+                "left in the topology once the bridge stopped: {}",
+                queues.join(", ")
+            );
+        }
+    }
+}
+
 fn report(
     base: &Config,
     via: &Via,
@@ -575,6 +616,7 @@ fn report(
     args: &Args,
     shape: &Shape,
     m: Measured,
+    left: Option<Vec<(String, u64)>>,
 ) -> Result<()> {
     let layout = shape.layout;
     let mix = if layout.plain {
@@ -619,6 +661,7 @@ fn report(
             println!("  {kind:?}: missing {missing}, doubled {doubled}");
         }
     }
+    report_missing(&m.missing, args.rate.max(1.0) as u64, left.as_deref());
     println!(
         "per minute of due time: small messages' lateness, ms; per minute of the run: CPU per message published, us; bridge RSS; of what the bridge delivered, % late over 10 ms by its own count at its confirm / when it read them"
     );
