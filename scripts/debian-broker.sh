@@ -89,7 +89,9 @@ install() {
   export DEBIAN_FRONTEND=noninteractive
   if ! command -v debootstrap >/dev/null 2>&1; then
     say "installing debootstrap"
-    apt-get install -y -qq debootstrap >/dev/null 2>&1 || { apt-get update -qq; apt-get install -y -qq debootstrap; }
+    # The lock timeout: scripts/test.sh starts the Debian brokers beside other installs.
+    local apt=(apt-get -o DPkg::Lock::Timeout=300)
+    "${apt[@]}" install -y -qq debootstrap >/dev/null 2>&1 || { "${apt[@]}" update -qq; "${apt[@]}" install -y -qq debootstrap; }
   fi
   local started=$SECONDS m
   m=$(mirror)

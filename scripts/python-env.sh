@@ -6,7 +6,9 @@ venv=.venv
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import pika" >/dev/null 2>&1; then
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
     if [ "$(id -u)" -eq 0 ]; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      # The lock timeout: scripts/test.sh may be starting a Debian broker beside this.
+      apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq python3-venv >/dev/null
       python3 -m venv "$venv"
     else
       echo "python-env.sh: python3 -m venv failed; install python3-venv" >&2
