@@ -35,6 +35,8 @@ pub struct Outcomes {
     pub cancel_lost: u64,
     /// Unroutable and not parked, or parked more than once.
     pub unparked: u64,
+    /// Of `unparked`, those parked more than once.
+    pub parked_again: u64,
     /// Parked although they should not have been.
     pub misparked: u64,
 }
@@ -76,6 +78,7 @@ impl Collected {
                 Kind::Cancelled => o.cancel_lost += u64::from(copies),
                 Kind::Unroutable => {
                     o.unparked += u64::from(parked != 1);
+                    o.parked_again += u64::from(parked > 1);
                     o.doubled += u64::from(copies);
                 }
                 _ => {
@@ -312,6 +315,7 @@ mod tests {
                 doubled: 1,
                 cancel_lost: 1,
                 unparked: 1,
+                parked_again: 0,
                 misparked: 1,
             }
         );
@@ -329,7 +333,8 @@ mod tests {
         assert_eq!(c.outcomes(&layout, &[]).unparked, 0, "each parked once");
         assert!(!c.park(unroutable[0]), "the second copy");
         assert!(!c.park(layout.total()), "not a sequence number of the run");
-        assert_eq!(c.outcomes(&layout, &[]).unparked, 1, "parked twice");
+        let twice = c.outcomes(&layout, &[]);
+        assert_eq!((twice.unparked, twice.parked_again), (1, 1), "parked twice");
         assert!(c.missing(&layout, &[]).is_empty());
         c.copies[20] = 0;
         c.copies[1001] = 0;
