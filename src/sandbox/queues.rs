@@ -49,13 +49,23 @@ impl Sandbox {
 
     /// Ready messages in these queues together (one channel, one passive declare each).
     pub async fn ready_in(&self, queues: &[String]) -> Result<u64, SandboxError> {
+        let ready = self.ready_by_queue(queues.iter()).await?;
+        Ok(ready.iter().map(|(_, messages)| messages).sum())
+    }
+
+    /// Ready messages in each of `queues`, in their order (one channel, one passive
+    /// declare each).
+    async fn ready_by_queue<'q>(
+        &self,
+        queues: impl Iterator<Item = &'q String>,
+    ) -> Result<Vec<(String, u64)>, SandboxError> {
         let channel = self.channel().await?;
-        let mut total = 0;
+        let mut ready = Vec::new();
         for queue in queues {
-            total += counts_on(&channel, queue).await?.messages;
+            ready.push((queue.clone(), counts_on(&channel, queue).await?.messages));
         }
         let _ = channel.close(200, "counted".into()).await;
-        Ok(total)
+        Ok(ready)
     }
 
     /// Ready messages in every queue the sandbox declared or adopted (the bridge's work,
@@ -64,20 +74,10 @@ impl Sandbox {
     /// stopped, it says where messages that never arrived still wait.
     pub async fn messages_left(&self) -> Result<Vec<(String, u64)>, SandboxError> {
         let topology = crate::topology::Topology::from_config(&self.config);
-        let channel = self.channel().await?;
-        let mut left = Vec::new();
-        for queue in topology
-            .queues
-            .iter()
-            .map(|q| &q.name)
-            .chain(&self.queues())
-        {
-            let messages = counts_on(&channel, queue).await?.messages;
-            if messages > 0 {
-                left.push((queue.clone(), messages));
-            }
-        }
-        let _ = channel.close(200, "counted".into()).await;
+        let extra = self.queues();
+        let bridge_queues = topology.queues.iter().map(|q| &q.name);
+        let mut left = self.ready_by_queue(bridge_queues.chain(&extra)).await?;
+        left.retain(|(_, messages)| *messages > 0);
         Ok(left)
     }
 
