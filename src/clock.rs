@@ -11,6 +11,13 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Wall-clock now as the time since the epoch, with the clock's full precision.
+pub fn now_since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 /// How long from now until the epoch-ms instant `at` (zero if it has passed), measured
 /// with the clock's full precision.
 pub fn until_epoch_ms(at: u64) -> Duration {

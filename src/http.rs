@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bridge::Stats;
 use crate::bridge::instruments::{
-    HOPS_BUCKETS, HOPS_PER_MESSAGE, LATENESS, LATENESS_BUCKETS, READ_LATENESS,
+    HOPS_BUCKETS, HOPS_PER_MESSAGE, LATENESS, LATENESS_BUCKETS, PUBLISH_LATENESS, READ_LATENESS,
 };
 
 /// 1 while the bridge is ready, else 0.
@@ -46,6 +46,9 @@ impl MetricsRegistry {
             .set_buckets_for_metric(Matcher::Full(LATENESS.into()), &LATENESS_BUCKETS)
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(READ_LATENESS.into()), &LATENESS_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(PUBLISH_LATENESS.into()), &LATENESS_BUCKETS)
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(HOPS_PER_MESSAGE.into()), &HOPS_BUCKETS)

@@ -1,10 +1,10 @@
 //! What the bridge under test counts of its own lateness, read from its Prometheus listener
-//! at the end of a run: how many deliveries it confirmed late, and how many of them it had
-//! already read late (the broker handed them over late).
+//! at the end of a run: how many deliveries it confirmed late, how many it sent late (its
+//! own part), and how many it had already read late (the broker handed them over late).
 
 use std::time::Duration;
 
-use delay_bridge::bridge::instruments::{LATENESS, READ_LATENESS};
+use delay_bridge::bridge::instruments::{LATENESS, PUBLISH_LATENESS, READ_LATENESS};
 
 /// The lateness threshold the split is taken at, as the histograms' bucket bound (`le`).
 const OVER_LE: &str = "0.01";
@@ -12,7 +12,7 @@ const OVER_LE: &str = "0.01";
 const OVER: Duration = Duration::from_millis(10);
 
 /// Of the deliveries the bridge confirmed, how many were late by more than [`OVER`] at its
-/// confirm, and how many already were when it read them.
+/// confirm, how many when it sent them, and how many already were when it read them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatenessSplit {
     /// Deliveries confirmed.
@@ -21,6 +21,9 @@ pub struct LatenessSplit {
     pub confirmed_late: f64,
     /// Read more than [`OVER`] after their due time.
     pub read_late: f64,
+    /// Sent to their target more than [`OVER`] after their due time (0 from a bridge too
+    /// old to count it).
+    pub sent_late: f64,
 }
 
 impl LatenessSplit {
@@ -33,6 +36,9 @@ impl LatenessSplit {
             confirmed_late: delivered - bucket(metrics, LATENESS, OVER_LE)?,
             read_late: bucket(metrics, READ_LATENESS, "+Inf")?
                 - bucket(metrics, READ_LATENESS, OVER_LE)?,
+            sent_late: bucket(metrics, PUBLISH_LATENESS, "+Inf")
+                .zip(bucket(metrics, PUBLISH_LATENESS, OVER_LE))
+                .map_or(0.0, |(all, within)| all - within),
         })
     }
 
@@ -42,6 +48,7 @@ impl LatenessSplit {
             delivered: self.delivered - earlier.delivered,
             confirmed_late: self.confirmed_late - earlier.confirmed_late,
             read_late: self.read_late - earlier.read_late,
+            sent_late: self.sent_late - earlier.sent_late,
         }
     }
 
@@ -55,11 +62,11 @@ impl LatenessSplit {
     /// One report line.
     pub fn line(&self) -> String {
         let (confirmed_late, read_late) = self.shares();
+        let sent_late = 100.0 * self.sent_late / self.delivered.max(1.0);
+        let over = OVER.as_millis();
         format!(
-            "the bridge's own count (its /metrics): of {:.0} delivered, {confirmed_late:.2}% confirmed more than {} ms late, {read_late:.2}% already read more than {} ms late (the broker handed them over late)",
+            "the bridge's own count (its /metrics): of {:.0} delivered, {confirmed_late:.2}% confirmed more than {over} ms late, {sent_late:.2}% sent more than {over} ms late (the bridge's own part), {read_late:.2}% already read more than {over} ms late (the broker handed them over late)",
             self.delivered,
-            OVER.as_millis(),
-            OVER.as_millis()
         )
     }
 
@@ -70,6 +77,7 @@ impl LatenessSplit {
             delivered: self.delivered,
             confirmed_late: self.confirmed_late,
             read_late: self.read_late,
+            sent_late: self.sent_late,
         }
     }
 }
@@ -99,6 +107,8 @@ delay_bridge_delivery_lateness_seconds_bucket{le=\"0.01\"} 95
 delay_bridge_delivery_lateness_seconds_bucket{le=\"+Inf\"} 100
 delay_bridge_read_lateness_seconds_bucket{le=\"0.01\"} 98
 delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
+delay_bridge_publish_lateness_seconds_bucket{le=\"0.01\"} 97
+delay_bridge_publish_lateness_seconds_bucket{le=\"+Inf\"} 100
 ";
 
     #[test]
@@ -109,12 +119,25 @@ delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
             LatenessSplit {
                 delivered: 100.0,
                 confirmed_late: 5.0,
-                read_late: 2.0
+                read_late: 2.0,
+                sent_late: 3.0,
             }
         );
         assert!(split.line().contains(
-            "of 100 delivered, 5.00% confirmed more than 10 ms late, 2.00% already read"
+            "of 100 delivered, 5.00% confirmed more than 10 ms late, 3.00% sent more than 10 ms late (the bridge's own part), 2.00% already read"
         ));
+    }
+
+    #[test]
+    fn a_bridge_that_does_not_count_what_it_sent_late_gives_none_sent_late() {
+        let older: String = TEXT
+            .lines()
+            .filter(|line| !line.contains("publish_lateness"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let split = LatenessSplit::read(&older).unwrap();
+        assert_eq!(split.sent_late, 0.0);
+        assert_eq!(split.confirmed_late, 5.0);
     }
 
     #[test]
@@ -124,6 +147,7 @@ delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
             delivered: 300.0,
             confirmed_late: 45.0,
             read_late: 2.0,
+            sent_late: 4.0,
         };
         let between = later.since(&earlier);
         assert_eq!(
@@ -131,7 +155,8 @@ delay_bridge_read_lateness_seconds_bucket{le=\"+Inf\"} 100
             LatenessSplit {
                 delivered: 200.0,
                 confirmed_late: 40.0,
-                read_late: 0.0
+                read_late: 0.0,
+                sent_late: 1.0,
             }
         );
         assert_eq!(between.shares(), (20.0, 0.0));

@@ -188,6 +188,10 @@ pub struct LatenessSplit {
     pub confirmed_late: f64,
     /// Already read from the broker more than `over_ms` after the due time.
     pub read_late: f64,
+    /// Sent to the target by the bridge more than `over_ms` after the due time (0 in
+    /// reports from before it was counted).
+    #[serde(default)]
+    pub sent_late: f64,
 }
 
 /// `steady`: a constant rate of delayed messages.

@@ -21,6 +21,9 @@ pub const LATENESS: &str = "delay_bridge_delivery_lateness_seconds";
 /// How late a delivered message already was when the bridge read it for its delivery, in
 /// seconds (0 when it was read before its due time): the broker's part of the lateness.
 pub const READ_LATENESS: &str = "delay_bridge_read_lateness_seconds";
+/// How late the bridge sent a delivered message's publish to its target, in seconds (0
+/// when sent at its due instant; never earlier): the bridge's own part of the lateness.
+pub const PUBLISH_LATENESS: &str = "delay_bridge_publish_lateness_seconds";
 /// Hops a message took, observed at its delivery.
 pub const HOPS_PER_MESSAGE: &str = "delay_bridge_hops_per_message";
 /// Messages ready in one level queue.
@@ -38,7 +41,7 @@ pub const OCCURRENCES: &str = "delay_bridge_occurrences_delivered_total";
 /// stood for by one late occurrence.
 pub const OCCURRENCES_SKIPPED: &str = "delay_bridge_occurrences_skipped_total";
 
-/// The buckets of [`LATENESS`] and [`READ_LATENESS`], in seconds.
+/// The buckets of [`LATENESS`], [`READ_LATENESS`] and [`PUBLISH_LATENESS`], in seconds.
 pub const LATENESS_BUCKETS: [f64; 16] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -54,6 +57,7 @@ pub(crate) struct Instruments {
     parked: HashMap<ParkReason, Counter>,
     pub(crate) lateness: Histogram,
     pub(crate) read_lateness: Histogram,
+    pub(crate) publish_lateness: Histogram,
     pub(crate) hops_per_message: Histogram,
     occurrences: Counter,
     occurrences_skipped: Counter,
@@ -101,6 +105,11 @@ impl Instruments {
             "How late a delivered message already was when the bridge read it for its delivery (0 when read before its due time): the broker's part of the delivery lateness, from a level that dead-lettered late or a backlog in the work queue.".into(),
         );
         recorder.describe_histogram(
+            KeyName::from_const_str(PUBLISH_LATENESS),
+            Some(Unit::Seconds),
+            "How late the bridge sent a delivered message's publish to its target (0 when sent at its due instant): the bridge's own part of the delivery lateness; the rest of it after this is the broker's routing and confirm.".into(),
+        );
+        recorder.describe_histogram(
             KeyName::from_const_str(HOPS_PER_MESSAGE),
             None,
             "Hops a message took through the level queues, observed at its delivery.".into(),
@@ -140,6 +149,7 @@ impl Instruments {
                 .collect(),
             lateness: recorder.register_histogram(&plain(LATENESS), &metadata),
             read_lateness: recorder.register_histogram(&plain(READ_LATENESS), &metadata),
+            publish_lateness: recorder.register_histogram(&plain(PUBLISH_LATENESS), &metadata),
             hops_per_message: recorder.register_histogram(&plain(HOPS_PER_MESSAGE), &metadata),
             occurrences: recorder.register_counter(&plain(OCCURRENCES), &metadata),
             occurrences_skipped: recorder.register_counter(&plain(OCCURRENCES_SKIPPED), &metadata),

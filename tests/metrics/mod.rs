@@ -201,6 +201,13 @@ async fn the_daemon_serves_metrics_that_count_known_traffic() {
         "12 published:\n{text}"
     );
     assert_eq!(value("delay_bridge_delivery_lateness_seconds_count"), 4.0);
+    // When the bridge sent each delivery: before the broker confirmed it.
+    assert_eq!(value("delay_bridge_publish_lateness_seconds_count"), 4.0);
+    assert!(
+        value("delay_bridge_publish_lateness_seconds_sum")
+            <= value("delay_bridge_delivery_lateness_seconds_sum"),
+        "{text}"
+    );
     assert_eq!(value("delay_bridge_hops_per_message_count"), 4.0);
     assert!(
         value("delay_bridge_hops_per_message_sum") >= 4.0,
@@ -271,7 +278,9 @@ async fn the_daemon_serves_metrics_that_count_known_traffic() {
 
 /// A message that came back from its level while no bridge ran is read after its due time:
 /// `delay_bridge_read_lateness_seconds` (the broker's part of the lateness) shows how late,
-/// beside the delivery lateness; messages read in time count in its first bucket.
+/// beside the delivery lateness; messages read in time count in its first bucket. The bridge
+/// sends such a message on at once: `delay_bridge_publish_lateness_seconds` shows it as late
+/// as it was read, and the one read in time as sent within a few ms of its due instant.
 #[tokio::test]
 async fn a_message_read_after_its_due_time_shows_in_read_lateness() {
     let mut w = World::start(Setup {
@@ -336,6 +345,27 @@ async fn a_message_read_after_its_due_time_shows_in_read_lateness() {
     assert!(
         value("delay_bridge_delivery_lateness_seconds_sum")
             >= value("delay_bridge_read_lateness_seconds_sum"),
+        "{text}"
+    );
+    // Sent: the late one as late as it was read, the other within the 0.25 s bucket.
+    assert_eq!(
+        value("delay_bridge_publish_lateness_seconds_count"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(r#"delay_bridge_publish_lateness_seconds_bucket{le="0.25"}"#),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        value("delay_bridge_publish_lateness_seconds_sum")
+            >= value("delay_bridge_read_lateness_seconds_sum"),
+        "{text}"
+    );
+    assert!(
+        value("delay_bridge_delivery_lateness_seconds_sum")
+            >= value("delay_bridge_publish_lateness_seconds_sum"),
         "{text}"
     );
     assert!(bridge.terminate(20 * SEC).await.unwrap().success());

@@ -248,6 +248,7 @@ mod tests {
                 delivered: published as f64,
                 confirmed_late: (published / 10) as f64,
                 read_late: 0.0,
+                sent_late: 0.0,
             }),
         };
         let mut unanswered = reading(300, 61_000, 14_000, 30);

@@ -20,6 +20,7 @@ use crate::bridge::inlet::Tag;
 use crate::bridge::refusals::TargetRefusals;
 use crate::bridge::stats::Stats;
 use crate::bridge::turns::Lane;
+use crate::clock::now_since_epoch;
 use crate::config::Config;
 use crate::contract::{self, ParkReason, Parked};
 
@@ -191,15 +192,29 @@ impl Publishing {
     /// [`ISOLATED_AT_ONCE`](crate::amqp::targets::ISOLATED_AT_ONCE) at a time). While it
     /// pauses the delivery counts as held, so the acks of others go on.
     pub(super) async fn until_settled(&self, attempt: Attempt<'_>) -> Result<Settled, Stop> {
+        self.until_settled_sent(attempt)
+            .await
+            .map(|(settled, _)| settled)
+    }
+
+    /// [`Self::until_settled`], with when the attempt that settled it was sent (the time
+    /// since the epoch, after any turn it waited for; the start for one never sent).
+    pub(super) async fn until_settled_sent(
+        &self,
+        attempt: Attempt<'_>,
+    ) -> Result<(Settled, Duration), Stop> {
         if !contract::fits_frame(&attempt.properties, self.frame_max) {
-            return Ok(Settled::Park(Parked::new(
-                ParkReason::TooLarge,
-                format!(
-                    "its properties and headers with the bridge's would take a {}-byte frame, over the connection's {} bytes",
-                    contract::content_header_frame_len(&attempt.properties),
-                    self.frame_max
-                ),
-            )));
+            return Ok((
+                Settled::Park(Parked::new(
+                    ParkReason::TooLarge,
+                    format!(
+                        "its properties and headers with the bridge's would take a {}-byte frame, over the connection's {} bytes",
+                        contract::content_header_frame_len(&attempt.properties),
+                        self.frame_max
+                    ),
+                )),
+                now_since_epoch(),
+            ));
         }
         let mut settling = Settling::new(
             attempt.destination,
@@ -209,14 +224,14 @@ impl Publishing {
         );
         let mut delays = retry_delays();
         loop {
-            let Some(disposition) = self.answer(&attempt, settling.alone()).await else {
+            let Some((disposition, sent_at)) = self.answer(&attempt, settling.alone()).await else {
                 return Err(Stop::Release);
             };
             if matches!(disposition, Disposition::Nacked) {
                 self.stats.nacks.fetch_add(1, Ordering::Relaxed);
             }
             match settling.next(disposition, tokio::time::Instant::now()) {
-                Next::Settle(settled) => return Ok(settled),
+                Next::Settle(settled) => return Ok((settled, sent_at)),
                 Next::Fail(error) => return Err(Stop::Failed(error)),
                 Next::Retry => {}
             }
@@ -232,13 +247,14 @@ impl Publishing {
     }
 
     /// The broker's answer to one attempt (on a private channel when `alone`), or a
-    /// refusal the target gave a moment ago standing for it; `None` when the bridge stops
-    /// while the attempt waits for its turn.
-    async fn answer(&self, attempt: &Attempt<'_>, alone: bool) -> Option<Disposition> {
+    /// refusal the target gave a moment ago standing for it, with when it was sent (or
+    /// answered from memory); `None` when the bridge stops while the attempt waits for its
+    /// turn.
+    async fn answer(&self, attempt: &Attempt<'_>, alone: bool) -> Option<(Disposition, Duration)> {
         // A remembered refusal is not noted again: it lapses on time, and the next publish
         // asks the target anew.
         if let Some(remembered) = self.remembered_refusal(attempt, alone) {
-            return Some(Disposition::Refused(remembered));
+            return Some((Disposition::Refused(remembered), now_since_epoch()));
         }
         // The messages of a bundle take turns with other bundles', so that one due now need
         // not wait behind every message of a burst; the turn ends with the attempt, so a
@@ -250,18 +266,20 @@ impl Publishing {
             },
             None => None,
         };
+        let sent_at = now_since_epoch();
         let answer = self.publish_once(attempt, alone).await;
         if let Destination::Target(target) = attempt.destination {
             self.note_answer(target, &answer);
         }
-        Some(match answer {
+        let answer = match answer {
             // A channel that the target's refusal closed under this publish (it was already
             // closing): that refusal is this publish's answer too.
             Disposition::Lost(_) => self
                 .remembered_refusal(attempt, alone)
                 .map_or(answer, Disposition::Refused),
             answer => answer,
-        })
+        };
+        Some((answer, sent_at))
     }
 
     /// The refusal a target gave a moment ago, standing for this attempt without asking the

@@ -85,8 +85,8 @@ impl<'a> Steps<'a> {
             properties,
             lane,
         };
-        match self.publishing.until_settled(attempt).await? {
-            Settled::Routed => {
+        match self.publishing.until_settled_sent(attempt).await? {
+            (Settled::Routed, sent_at) => {
                 let confirmed_at = now_ms();
                 self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
                 let instruments = &self.shared.instruments;
@@ -96,6 +96,11 @@ impl<'a> Steps<'a> {
                 instruments
                     .read_lateness
                     .record(read_at.saturating_sub(envelope.deliver_at) as f64 / 1000.0);
+                instruments.publish_lateness.record(
+                    sent_at
+                        .saturating_sub(Duration::from_millis(envelope.deliver_at))
+                        .as_secs_f64(),
+                );
                 instruments
                     .hops_per_message
                     .record(f64::from(envelope.hops));
@@ -117,7 +122,9 @@ impl<'a> Steps<'a> {
                     None => Ok(()),
                 }
             }
-            Settled::Park(parked) => self.parking().park_read(tag, body, envelope, parked).await,
+            (Settled::Park(parked), _) => {
+                self.parking().park_read(tag, body, envelope, parked).await
+            }
         }
     }
 
