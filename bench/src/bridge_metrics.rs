@@ -55,14 +55,18 @@ impl LatenessSplit {
     /// The shares of the deliveries confirmed late and read late, percent (both 0 when
     /// nothing was delivered).
     pub fn shares(&self) -> (f64, f64) {
-        let share = |n: f64| 100.0 * n / self.delivered.max(1.0);
-        (share(self.confirmed_late), share(self.read_late))
+        (self.share(self.confirmed_late), self.share(self.read_late))
+    }
+
+    /// `count` as a share of the deliveries, percent (0 when nothing was delivered).
+    fn share(&self, count: f64) -> f64 {
+        100.0 * count / self.delivered.max(1.0)
     }
 
     /// One report line.
     pub fn line(&self) -> String {
         let (confirmed_late, read_late) = self.shares();
-        let sent_late = 100.0 * self.sent_late / self.delivered.max(1.0);
+        let sent_late = self.share(self.sent_late);
         let over = OVER.as_millis();
         format!(
             "the bridge's own count (its /metrics): of {:.0} delivered, {confirmed_late:.2}% confirmed more than {over} ms late, {sent_late:.2}% sent more than {over} ms late (the bridge's own part), {read_late:.2}% already read more than {over} ms late (the broker handed them over late)",
