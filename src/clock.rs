@@ -5,10 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Wall-clock now, epoch milliseconds.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    now_since_epoch().as_millis() as u64
 }
 
 /// Wall-clock now as the time since the epoch, with the clock's full precision.
