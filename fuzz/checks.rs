@@ -1216,6 +1216,7 @@ fn stream_entry(entry: &StreamEntry, properties: &BasicProperties) {
             assert!(!why.is_empty());
             return;
         }
+        StreamEntry::NotTaken(_) => unreachable!("read_entry judges no writer"),
     };
     publishable(&written);
     assert_eq!(

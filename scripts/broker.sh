@@ -4,7 +4,9 @@
 #   2. else an installed rabbitmq-server is started (rabbitmq-server -detached);
 #   3. else Debian's rabbitmq-server package is installed (needs root) and started.
 # Then, for the broker on 5672, makes sure its management API answers on 127.0.0.1:15672
-# (the plugin is enabled when it does not; the bridge's stuck-level watch reads it).
+# (the plugin is enabled when it does not; the bridge's stuck-level watch reads it), and its
+# stream protocol on 127.0.0.1:5552 (rabbitmq_stream: the adversary suite attacks the cancel
+# stream through it, as a canceller can wherever an operator enables it).
 # Waits for the broker with a deadline (BROKER_WAIT_SECONDS, default 120). Idempotent.
 set -euo pipefail
 
@@ -70,9 +72,31 @@ management() {
   say "the management API answers on $host:15672"
 }
 
+# The stream protocol on 127.0.0.1:5552, for the default broker only.
+stream_protocol() {
+  [ "$port" = 5672 ] || return 0
+  listens() { python3 -c "import socket; socket.create_connection(('$host', 5552), timeout=2)" 2>/dev/null; }
+  listens && return 0
+  PATH=$PATH:/usr/sbin:/usr/lib/rabbitmq/bin
+  if [ "$(id -u)" -ne 0 ] && [ "$(id -un)" != rabbitmq ]; then
+    say "the stream protocol does not answer on $host:5552 and enabling it needs root:"
+    say "  sudo rabbitmq-plugins enable rabbitmq_stream"
+    return 0
+  fi
+  say "enabling the stream plugin"
+  rabbitmq-plugins enable rabbitmq_stream >/dev/null
+  local waited=0
+  until listens; do
+    (( waited++ < deadline_s )) || { say "the stream protocol did not answer within ${deadline_s}s"; exit 1; }
+    sleep 1
+  done
+  say "the stream protocol answers on $host:5552"
+}
+
 if amqp_answers; then
   say "RabbitMQ already answers on $host:$port; using it"
   management
+  stream_protocol
   exit 0
 fi
 
@@ -93,6 +117,7 @@ PATH=$PATH:/usr/sbin:/usr/lib/rabbitmq/bin
 if amqp_answers; then
   say "RabbitMQ was started by its package; using it"
   management
+  stream_protocol
   exit 0
 fi
 
@@ -107,3 +132,4 @@ timeout "$deadline_s" rabbitmqctl await_startup >/dev/null 2>&1 || true
 wait_for_broker
 say "RabbitMQ is up on $host:$port ($(rabbitmqctl version 2>/dev/null || echo 'version unknown'))"
 management
+stream_protocol

@@ -16,12 +16,14 @@ use std::collections::{BTreeSet, HashMap};
 pub mod checkpoint;
 mod future;
 mod successors;
+pub mod trust;
 
 pub use checkpoint::{Checkpoints, Load, Loaded, Locate, Record};
 pub use future::{CLOCK_EVERY, Clamp, FutureCancels, Read};
 pub use successors::{
     LINE_RENEWED_EVERY, SuccessorSet, Successors, birth, born_at_ms, renewal_due,
 };
+pub use trust::{Authority, Kind, Writer};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -165,9 +167,39 @@ pub enum StreamEntry {
         /// When the clamp was written, epoch ms.
         at: u64,
     },
+    /// An entry of this kind that the trust table ([`trust::taken`]) does not take from
+    /// its writer. Skipped (and logged).
+    NotTaken(Kind),
     /// Something else; the text says what is wrong with it. Skipped (and logged).
     Invalid(String),
 }
+
+impl StreamEntry {
+    /// Its kind, for the trust table (none for what is not a valid entry).
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self {
+            StreamEntry::Cancel(Tombstone {
+                scope: Scope::Every,
+                ..
+            }) => Kind::Cancel,
+            StreamEntry::Cancel(_) => Kind::Replaced,
+            StreamEntry::Successors(_) => Kind::Successors,
+            StreamEntry::Sync { .. } => Kind::Sync,
+            StreamEntry::CheckpointBegin { .. } => Kind::CheckpointBegin,
+            StreamEntry::CheckpointPart { .. } => Kind::CheckpointPart,
+            StreamEntry::Clamp { .. } => Kind::Clamp,
+            StreamEntry::NotTaken(_) | StreamEntry::Invalid(_) => return None,
+        })
+    }
+}
+
+/// The longest id, token or target an entry may name, in bytes: AMQP's short-string limit,
+/// which bounds `message_id` and exchange names. A longer one (a stream-protocol publish, or
+/// a target in a long-string header) makes the entry invalid.
+pub const NAME_MOST_BYTES: usize = 255;
+
+/// The longest `delay-bridge-kind` read as text (every kind is far shorter).
+const KIND_MOST_BYTES: usize = 32;
 
 /// Why a message id cannot be cancelled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -362,11 +394,24 @@ pub fn read_entry(properties: &BasicProperties) -> StreamEntry {
     let Some(kind) = get(header::KIND).and_then(text) else {
         return StreamEntry::Invalid(format!("no `{}` header", header::KIND));
     };
+    if kind.len() > KIND_MOST_BYTES {
+        return StreamEntry::Invalid(format!("an entry kind of {} bytes", kind.len()));
+    }
     let id = properties
         .message_id()
         .as_ref()
         .map(|m| m.as_str().to_string())
         .filter(|m| !m.is_empty());
+    if let Some(long) = [id.as_ref(), get(header::TARGET).and_then(text).as_ref()]
+        .into_iter()
+        .flatten()
+        .find(|name| name.len() > NAME_MOST_BYTES)
+    {
+        return StreamEntry::Invalid(format!(
+            "`{kind}` entry names an id or target of {} bytes (at most {NAME_MOST_BYTES})",
+            long.len()
+        ));
+    }
     let epoch_ms = |v: Option<&AMQPValue>| match v {
         Some(AMQPValue::LongLongInt(v)) if *v >= 0 => Some(*v as u64),
         Some(AMQPValue::LongInt(v)) if *v >= 0 => Some(*v as u64),
@@ -745,8 +790,12 @@ impl TombstoneSet {
     }
 
     /// Restores one record of a checkpoint at `now_ms`, as it was written (what has expired
-    /// by then is left out). Records that are not the set's are ignored.
+    /// by then is left out). Records that are not the set's are ignored, and so is one that
+    /// names an id or target longer than [`NAME_MOST_BYTES`] (a version before 0.3 took them).
     pub fn restore(&mut self, record: Record, now_ms: u64) {
+        if record.longest_name() > NAME_MOST_BYTES {
+            return;
+        }
         let (id, target, cancelled_at, expires_at) = match record {
             Record::Cancel { id, c, e } => (id, None, c, e),
             Record::Replaced { id, t, c, e } => (id, Some(t), c, e),
@@ -1019,6 +1068,40 @@ mod tests {
         assert_eq!(
             message_id(&"x".repeat(256)),
             Err(MessageIdError::TooLong(256))
+        );
+    }
+
+    #[test]
+    fn an_id_or_target_longer_than_a_short_string_makes_the_entry_invalid() {
+        let long = "t".repeat(NAME_MOST_BYTES + 1);
+        let successors = Successors {
+            message_id: "d".into(),
+            target: Some(long.clone()),
+            entered_at: 1,
+            after_occurrence: 1,
+            born_before: 1,
+            due_at: 1,
+        };
+        let entry = read_entry(&successors_properties("d".into(), &successors));
+        assert!(
+            matches!(&entry, StreamEntry::Invalid(why) if why.contains("256 bytes")),
+            "{entry:?}"
+        );
+        let replaced = replaced_properties("d".into(), &long, 5);
+        assert!(matches!(read_entry(&replaced), StreamEntry::Invalid(_)));
+        let fits = replaced_properties("d".into(), &long[1..], 5);
+        assert!(matches!(read_entry(&fits), StreamEntry::Cancel(_)));
+        let mut table = FieldTable::default();
+        table.insert(
+            header::KIND.into(),
+            AMQPValue::LongString("k".repeat(100_000).into()),
+        );
+        let kind = BasicProperties::default()
+            .with_message_id("x".into())
+            .with_headers(table);
+        assert!(
+            matches!(read_entry(&kind), StreamEntry::Invalid(why) if why.len() < 100),
+            "a long kind is not echoed"
         );
     }
 

@@ -12,9 +12,9 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::amqp::cancel_stream::{self, Start};
-use crate::amqp::wire::{Delivery, WireError};
+use crate::amqp::wire::WireError;
 use crate::amqp::{self, QueueCounts, queue_counts, reply_code};
-use crate::cancel::{Record, StreamEntry, checkpoint, read_entry};
+use crate::cancel::{Authority, Record, StreamEntry, checkpoint};
 use crate::config::{Config, QueueType};
 use crate::ladder::format_duration;
 use crate::management::{Management, ManagementError, QueueFigures};
@@ -204,7 +204,8 @@ pub struct StreamEntries {
     pub clamps: u64,
     /// Checkpoint entries (begins and parts; see [`crate::cancel::checkpoint`]).
     pub checkpoint_entries: u64,
-    /// Entries that are neither (skipped by the bridges).
+    /// Entries that are neither, or bridge state a bridge did not write (the trust table,
+    /// [`crate::cancel::trust`]): skipped by the bridges.
     pub invalid: u64,
     /// Entries the AMQP client cannot read (a short string that is not UTF-8; skipped by the
     /// bridges, logged at error with their offset).
@@ -278,7 +279,7 @@ pub async fn read(
         .await
         .map_err(StatusError::Connect)?;
     let read_both = async {
-        let cancel_entries = count_stream(&reading, &names.cancel_stream(), &config.url().user())
+        let cancel_entries = count_stream(&reading, &names.cancel_stream(), &Authority::of(config))
             .await
             .map_err(|source| StatusError::Stream {
                 stream: names.cancel_stream(),
@@ -318,7 +319,8 @@ pub async fn read(
 }
 
 /// Reads the cancel stream on `connection` up to its end as it was when the read began
-/// ([`stream_end`]): from the newest complete checkpoint a bridge (`bridge_user`) wrote,
+/// ([`stream_end`]): from the newest complete checkpoint a bridge wrote (as `authority`
+/// tells),
 /// found by reading back from that end, else from the first entry; at most
 /// [`STREAM_READ_MOST`] entries after it, sorted by kind. However fast entries are appended
 /// meanwhile, the read ends. Reading a stream takes nothing from it. The project's own
@@ -326,7 +328,7 @@ pub async fn read(
 async fn count_stream(
     connection: &amqp::wire::Connection,
     stream: &str,
-    bridge_user: &str,
+    authority: &Authority,
 ) -> Result<StreamEntries, WireError> {
     let Some(end) = stream_end(connection, stream).await? else {
         return Ok(StreamEntries {
@@ -334,9 +336,7 @@ async fn count_stream(
             ..StreamEntries::default()
         });
     };
-    let trusted =
-        |d: &Delivery| d.properties.user_id().as_ref().map(|u| u.as_str()) == Some(bridge_user);
-    let (found, _) = cancel_stream::locate(connection, stream, end, trusted).await?;
+    let (found, _) = cancel_stream::locate(connection, stream, end, authority).await?;
     let start = found.map_or(Start::First, Start::At);
     let (channel, mut consumer) = cancel_stream::attach(connection, stream, start, "").await?;
     let mut entries = StreamEntries::default();
@@ -349,20 +349,20 @@ async fn count_stream(
         read += 1;
         match &delivery.unreadable {
             None => {
-                let entry = read_entry(&delivery.properties);
+                let entry = authority.read(&delivery.properties, &delivery.data);
                 // The checkpoint's own begin and parts give its figures.
                 let own = match (&mut checkpoint, &entry) {
                     (
                         Some((figures, token @ None)),
                         StreamEntry::CheckpointBegin { token: t, .. },
-                    ) if offset == Some(figures.offset) && trusted(&delivery) => {
+                    ) if offset == Some(figures.offset) => {
                         *token = Some(t.clone());
                         true
                     }
                     (
                         Some((figures, Some(token))),
                         StreamEntry::CheckpointPart { token: t, .. },
-                    ) if t == token && trusted(&delivery) => {
+                    ) if t == token => {
                         figures.count(&delivery.data);
                         true
                     }
@@ -400,7 +400,7 @@ fn count_entry(entries: &mut StreamEntries, entry: StreamEntry) {
             entries.checkpoint_entries += 1
         }
         StreamEntry::Clamp { .. } => entries.clamps += 1,
-        StreamEntry::Invalid(_) => entries.invalid += 1,
+        StreamEntry::NotTaken(_) | StreamEntry::Invalid(_) => entries.invalid += 1,
     }
 }
 

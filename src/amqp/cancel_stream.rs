@@ -7,7 +7,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use super::stream_offset::stream_offset;
 use super::wire::{self, Channel, Consumer, Delivery, WireError};
 use crate::cancel::checkpoint::LOOK_BACK;
-use crate::cancel::{Locate, StreamEntry, read_entry};
+use crate::cancel::{Authority, Locate, StreamEntry};
 
 /// Stream consumers need a prefetch; acks only return credit.
 pub(crate) const STREAM_PREFETCH: u16 = 1000;
@@ -69,13 +69,13 @@ pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
 /// clock entries, and checkpoints begun and completed within: `None` when none is named (a
 /// young stream, or one no bridge from 0.2 wrote to). A stretch that would reach back over
 /// half the stream's offsets is not read: reading the stream from its start costs at most
-/// twice that. `trusted` says whether a bridge wrote a delivery. Also how many entries it
+/// twice that. `authority` takes each entry (the trust table). Also how many entries it
 /// read.
 pub(crate) async fn locate(
     connection: &wire::Connection,
     stream: &str,
     end: u64,
-    trusted: impl Fn(&Delivery) -> bool,
+    authority: &Authority,
 ) -> Result<(Option<u64>, u64), WireError> {
     let mut read = 0u64;
     for back in LOOK_BACK {
@@ -91,8 +91,8 @@ pub(crate) async fn locate(
             if read.is_multiple_of(ACK_EVERY) {
                 channel.ack([(delivery.delivery_tag, true)])?;
             }
-            if delivery.unreadable.is_none() && trusted(&delivery) {
-                match read_entry(&delivery.properties) {
+            if delivery.unreadable.is_none() {
+                match authority.read(&delivery.properties, &delivery.data) {
                     StreamEntry::Sync {
                         checkpoint: Some(begin),
                         ..

@@ -31,8 +31,7 @@ use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
 use crate::cancel::{
-    CLOCK_EVERY, Clamp, Inserted, Read, Scope, StreamEntry, Tombstone, clamp_properties,
-    read_entry, sync_properties,
+    CLOCK_EVERY, Clamp, Inserted, Read, StreamEntry, Tombstone, clamp_properties, sync_properties,
 };
 use crate::clock::now_ms;
 
@@ -283,11 +282,8 @@ fn read_one(
     let (offset, read) = match &delivery.unreadable {
         None => {
             let offset = stream_offset(&delivery.properties);
-            let entry = read_entry(&delivery.properties);
-            let bridges = delivery.properties.user_id().as_ref().map(|u| u.as_str())
-                == Some(shared.bridge_user.as_str());
-            let from = Written { offset, bridges };
-            (offset, apply(shared, publish, entry, from, token))
+            let entry = shared.authority.read(&delivery.properties, &delivery.data);
+            (offset, apply(shared, publish, entry, offset, token))
         }
         Some(raw) => {
             let offset = raw_stream_offset(&raw.properties);
@@ -350,8 +346,9 @@ async fn append_clock(shared: &Shared, publish: &Publisher) {
     }
 }
 
-/// Appends an entry with `properties` (and no body) to `stream`, confirmed, as the
-/// bridge's own (`user_id`, which the broker checks: see [`Written::bridges`]).
+/// Appends an entry with `properties` and `body` to `stream`, confirmed, as the bridge's
+/// own ([`Authority::own`](crate::cancel::Authority::own): its `user_id`, and its signature
+/// when a state key is set).
 pub(super) async fn append(
     shared: &Shared,
     publish: &Publisher,
@@ -359,20 +356,8 @@ pub(super) async fn append(
     properties: lapin::BasicProperties,
     body: Vec<u8>,
 ) -> Disposition {
-    let properties = properties.with_user_id(ShortString::from(shared.bridge_user.as_str()));
+    let properties = shared.authority.own(properties, &body);
     publish.publish("", stream, &body, &properties).await
-}
-
-/// Where an entry was read, and who wrote it.
-#[derive(Clone, Copy)]
-struct Written {
-    /// Its stream offset.
-    offset: Option<u64>,
-    /// True when a bridge wrote it: its `user_id`, which the broker checks against the
-    /// publishing connection's user, is the bridge's. Clamps, clock times and schedules'
-    /// replacements are taken only from bridges (a canceller could write them too), plain
-    /// cancels from anyone who may write to the stream.
-    bridges: bool,
 }
 
 /// Says that the entry at `offset` is skipped: the codec cannot read it.
@@ -383,22 +368,20 @@ fn skip_unreadable(offset: Option<u64>) {
     );
 }
 
-/// Applies one entry read at `offset`: whether it is this follower's own catch-up marker,
-/// and the clamp entries to append (for a tombstone dated ahead, read live).
+/// Applies one entry read at `offset`, as the trust table took it: whether it is this
+/// follower's own catch-up marker, and the clamp entries to append (for a tombstone dated
+/// ahead, read live).
 fn apply(
     shared: &Arc<Shared>,
     publish: &Publisher,
     entry: StreamEntry,
-    from: Written,
+    offset: Option<u64>,
     token: &str,
 ) -> (bool, Vec<Clamp>) {
     let future = || shared.future_cancels.lock().expect("future cancels lock");
     match entry {
-        StreamEntry::Cancel(tombstone) if tombstone.scope != Scope::Every && !from.bridges => {
-            tracing::warn!(
-                message_id = %tombstone.message_id,
-                "skipping a schedule's replacement a bridge did not write"
-            );
+        StreamEntry::NotTaken(kind) => {
+            tracing::warn!(?offset, %kind, "skipping a cancel-stream entry a bridge did not write");
             (false, Vec::new())
         }
         StreamEntry::Cancel(tombstone) => {
@@ -412,7 +395,7 @@ fn apply(
             {
                 return (false, Vec::new());
             }
-            let read = future().tombstone(from.offset, tombstone, now);
+            let read = future().tombstone(offset, tombstone, now);
             match read {
                 Read::Apply(tombstone) => insert(shared, tombstone),
                 Read::Held => {}
@@ -427,14 +410,8 @@ fn apply(
             }
             (false, Vec::new())
         }
-        StreamEntry::CheckpointBegin { .. } | StreamEntry::CheckpointPart { .. }
-            if !from.bridges =>
-        {
-            tracing::warn!("skipping a checkpoint entry a bridge did not write");
-            (false, Vec::new())
-        }
         StreamEntry::CheckpointBegin { token: begun, at } => {
-            if let Some(offset) = from.offset {
+            if let Some(offset) = offset {
                 checkpoints::begun(shared, publish, &begun, offset, at);
             }
             (false, Vec::new())
@@ -457,16 +434,10 @@ fn apply(
         StreamEntry::Sync {
             token: seen, at, ..
         } => {
-            if let Some(at) = at
-                && from.bridges
-            {
+            if let Some(at) = at {
                 future().bridge_time(at);
             }
             (seen == token, Vec::new())
-        }
-        StreamEntry::Clamp { .. } if !from.bridges => {
-            tracing::warn!("skipping a clamp a bridge did not write");
-            (false, Vec::new())
         }
         StreamEntry::Clamp {
             offset,
@@ -483,7 +454,7 @@ fn apply(
             (false, Vec::new())
         }
         StreamEntry::Invalid(why) => {
-            tracing::warn!("skipping a cancel-stream entry: {why}");
+            tracing::warn!(?offset, "skipping a cancel-stream entry: {why}");
             (false, Vec::new())
         }
     }

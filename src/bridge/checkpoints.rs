@@ -18,7 +18,7 @@ use crate::amqp::stream_offset::stream_offset;
 use crate::amqp::wire::{self, Channel, Consumer, Delivery};
 use crate::cancel::checkpoint;
 use crate::cancel::{
-    Load, Loaded, StreamEntry, checkpoint_begin_properties, checkpoint_part_properties, read_entry,
+    Load, Loaded, StreamEntry, checkpoint_begin_properties, checkpoint_part_properties,
 };
 use crate::clock::now_ms;
 
@@ -38,11 +38,6 @@ pub(super) async fn attach_at(
     .map_err(BridgeError::wire("consuming the cancel stream"))
 }
 
-/// True when a bridge wrote the entry (see `cancels::Written`).
-pub(super) fn by_bridge(shared: &Shared, delivery: &Delivery) -> bool {
-    delivery.properties.user_id().as_ref().map(|u| u.as_str()) == Some(shared.bridge_user.as_str())
-}
-
 /// Finds the begin offset of the newest complete checkpoint (see
 /// [`cancel_stream::locate`]), reading back from the stream's end, which this follower's
 /// catch-up marker makes non-empty. Also how many entries it read.
@@ -59,7 +54,7 @@ pub(super) async fn locate(
     let Some(end) = cancel_stream::offset_of(&last) else {
         return Ok((None, 1));
     };
-    let (found, read) = cancel_stream::locate(connection, stream, end, |d| by_bridge(shared, d))
+    let (found, read) = cancel_stream::locate(connection, stream, end, &shared.authority)
         .await
         .map_err(BridgeError::wire("reading the cancel stream"))?;
     Ok((found, read + 1))
@@ -99,8 +94,8 @@ pub(super) async fn load(
                 .map_err(BridgeError::wire("acknowledging cancel-stream entries"))?;
         }
         let entry = match &delivery.unreadable {
-            None if by_bridge(shared, &delivery) => read_entry(&delivery.properties),
-            _ => StreamEntry::Invalid(String::new()),
+            None => shared.authority.read(&delivery.properties, &delivery.data),
+            Some(_) => StreamEntry::Invalid(String::new()),
         };
         if !load.started() {
             let begun = match &entry {

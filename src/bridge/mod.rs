@@ -40,6 +40,9 @@ struct Shared {
     config: Config,
     topology: Topology,
     bridge_user: String,
+    /// How the cancel stream's readers tell a bridge's entries, and how this one marks its
+    /// own (the trust table: [`crate::cancel::trust`]).
+    authority: crate::cancel::Authority,
     /// `config.names.work_exchange()`, built once: every delivery is checked against it.
     work_exchange: String,
     stats: Arc<Stats>,
@@ -87,6 +90,7 @@ impl Bridge {
     fn with_instruments(config: Config, instruments: instruments::Instruments) -> Self {
         let topology = Topology::from_config(&config);
         let bridge_user = config.url().user();
+        let authority = crate::cancel::Authority::of(&config);
         let work_exchange = config.names.work_exchange();
         let tombstones = TombstoneSet::new(
             config.tombstone_keep().as_millis() as u64,
@@ -97,6 +101,7 @@ impl Bridge {
                 config,
                 topology,
                 bridge_user,
+                authority,
                 work_exchange,
                 stats: Arc::new(Stats::default()),
                 instruments,

@@ -17,13 +17,17 @@
 //! reading only the stream's last minutes ([`Locate`]). A writer that crashes mid-checkpoint
 //! leaves an incomplete one no marker names; readers go on from the previous one.
 //!
-//! A bridge writes a checkpoint once the stream holds more entries after the newest one than
-//! the state it would write (and at least [`MIN_ENTRIES_BETWEEN`]): the checkpoints together
-//! never hold more records than the entries they summarise, and a start reads at most the
-//! live state, as many entries after it, and the located window.
+//! A bridge writes a checkpoint once the entries after the newest one reach half the state
+//! it would write (and at least [`MIN_ENTRIES_BETWEEN`]), and at least every
+//! [`AT_LEAST_EVERY_MS`], whatever share of the stream is live: a start reads at most the
+//! live state, half as many entries after it, and the located window; while the state
+//! stays the same size, the checkpoints add about two records per entry. (Before 0.3 the
+//! threshold was the whole state, which a stream whose entries all stay live never reaches:
+//! such a stream was never checkpointed.) Each part's body is at most
+//! [`PART_MOST_BYTES`], far below any broker's message size limit.
 //!
-//! Only a bridge's entries count (their `user_id` is the bridge's, which the broker checks):
-//! a checkpoint or a pointer anyone else writes is skipped.
+//! Only a bridge's entries count, as the trust table ([`super::trust`]) tells them: a
+//! checkpoint or a pointer anyone else writes is skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,9 +37,10 @@ use serde::{Deserialize, Serialize};
 /// this a start reads everything at once anyway.
 pub const MIN_ENTRIES_BETWEEN: u64 = 10_000;
 
-/// Records in one part (its body stays far below any broker's message size limit: an id
-/// and a target are at most 255 bytes each).
-pub const RECORDS_PER_PART: usize = 2_000;
+/// The most bytes in one part's body: far below any broker's message size limit (RabbitMQ's
+/// default is 128 MiB, and 16 MiB is a common setting). A record is at most about 600 bytes
+/// (an id and a target are at most [`super::NAME_MOST_BYTES`] each).
+pub const PART_MOST_BYTES: usize = 1 << 20;
 
 /// The longest a bridge lets the newest checkpoint age before it writes another, however
 /// few entries follow it: a retention by age (see docs/operations.md) then never removes the
@@ -111,6 +116,19 @@ pub enum Record {
         /// Epoch ms.
         at: u64,
     },
+}
+
+impl Record {
+    /// The length of the longest id or target it names, in bytes.
+    pub fn longest_name(&self) -> usize {
+        match self {
+            Record::Cancel { id, .. } => id.len(),
+            Record::Replaced { id, t, .. } => id.len().max(t.len()),
+            Record::Successors { id, t, .. } => id.len().max(t.as_ref().map_or(0, String::len)),
+            Record::Held { id, t, .. } => id.len().max(t.as_ref().map_or(0, String::len)),
+            Record::StreamClock { .. } => 0,
+        }
+    }
 }
 
 /// Why a part's body could not be read.
@@ -223,9 +241,9 @@ impl Checkpoints {
 
     /// Whether to write a checkpoint now: the stream's last offset read is `last_offset`,
     /// the state holds `live_records`, and no checkpoint is being written (this follower's
-    /// or another's begun within [`WRITE_WITHIN_MS`]); due when more entries follow the
-    /// newest than the state holds, or it is older than [`AT_LEAST_EVERY_MS`]. `slack` (0
-    /// to 1) spreads the moment between bridges.
+    /// or another's begun within [`WRITE_WITHIN_MS`]); due when the entries after the
+    /// newest reach half the state (and [`MIN_ENTRIES_BETWEEN`]), or it is older than
+    /// [`AT_LEAST_EVERY_MS`]. `slack` (0 to 1) spreads the moment between bridges.
     pub fn due(&self, last_offset: u64, live_records: u64, slack: f64, now_ms: u64) -> bool {
         let writing = |seen_at: u64| seen_at.saturating_add(WRITE_WITHIN_MS) > now_ms;
         if self.writing.as_ref().is_some_and(|(_, at)| writing(*at))
@@ -242,7 +260,7 @@ impl Checkpoints {
             None => last_offset.saturating_add(1),
         };
         let threshold =
-            live_records.max(MIN_ENTRIES_BETWEEN) as f64 * (1.0 + slack.clamp(0.0, 1.0));
+            (live_records / 2).max(MIN_ENTRIES_BETWEEN) as f64 * (1.0 + slack.clamp(0.0, 1.0));
         since as f64 >= threshold
     }
 
@@ -273,13 +291,26 @@ impl Checkpoints {
     }
 }
 
-/// Cuts `records` into the bodies of a checkpoint's parts (one part at least, so an empty
-/// state is a complete checkpoint too).
+/// Cuts `records` into the bodies of a checkpoint's parts, each a JSON array of at most
+/// [`PART_MOST_BYTES`] (one part at least, so an empty state is a complete checkpoint too; a
+/// single record larger than that, which the entry bounds rule out, is a part of its own).
 pub fn parts(records: &[Record]) -> Vec<Vec<u8>> {
-    if records.is_empty() {
-        return vec![encode_part(&[])];
+    let mut bodies = Vec::new();
+    let mut body = vec![b'['];
+    for record in records {
+        let encoded = serde_json::to_vec(record).expect("records always serialise");
+        if body.len() > 1 && body.len() + 1 + encoded.len() + 1 > PART_MOST_BYTES {
+            body.push(b']');
+            bodies.push(std::mem::replace(&mut body, vec![b'[']));
+        }
+        if body.len() > 1 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&encoded);
     }
-    records.chunks(RECORDS_PER_PART).map(encode_part).collect()
+    body.push(b']');
+    bodies.push(body);
+    bodies
 }
 
 /// A reader loading the checkpoint that begins at `begin`: it gathers the parts and keeps
@@ -430,8 +461,9 @@ mod tests {
 
     #[test]
     fn records_round_trip_through_parts() {
-        let records: Vec<Record> = (0..(RECORDS_PER_PART + 5))
-            .map(|i| cancel(&format!("o-{i}")))
+        let long = "i".repeat(crate::cancel::NAME_MOST_BYTES);
+        let records: Vec<Record> = (0..(PART_MOST_BYTES / 250))
+            .map(|i| cancel(&format!("{long}-{i}")))
             .chain([
                 Record::Replaced {
                     id: "d".into(),
@@ -459,6 +491,7 @@ mod tests {
             .collect();
         let bodies = parts(&records);
         assert_eq!(bodies.len(), 2);
+        assert!(bodies.iter().all(|b| b.len() <= PART_MOST_BYTES));
         let back: Vec<Record> = bodies
             .iter()
             .flat_map(|b| decode_part(b).unwrap())
@@ -516,18 +549,18 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_is_due_once_more_entries_follow_it_than_it_would_hold() {
+    fn a_checkpoint_is_due_once_the_entries_after_it_reach_half_the_state() {
         let now = 1_000_000;
         let mut seen = Checkpoints::starting_from(Some(1_000), now);
         assert!(!seen.due(1_000 + MIN_ENTRIES_BETWEEN - 1, 10, 0.0, now));
         assert!(seen.due(1_000 + MIN_ENTRIES_BETWEEN, 10, 0.0, now));
         assert!(
-            !seen.due(1_000 + 50_000, 60_000, 0.0, now),
-            "the state is larger"
+            !seen.due(1_000 + 29_999, 60_000, 0.0, now),
+            "half the state is larger"
         );
-        assert!(seen.due(1_000 + 60_000, 60_000, 0.0, now));
+        assert!(seen.due(1_000 + 30_000, 60_000, 0.0, now));
         assert!(
-            !seen.due(1_000 + 60_000, 60_000, 0.5, now),
+            !seen.due(1_000 + 30_000, 60_000, 0.5, now),
             "this bridge waits longer"
         );
         // Someone is writing one: wait for it, unless it stalled.
@@ -550,6 +583,30 @@ mod tests {
         quiet.begun("later", 2_000, Some(now + day), now + day);
         quiet.part("later", 0, 1);
         assert!(!quiet.due(2_001, 10, 0.0, now + day + 1_000));
+    }
+
+    /// A stream every entry of which stays live (cancels kept a day and more, as a shop's
+    /// are): before 0.3 no checkpoint was ever due, however long the stream grew.
+    #[test]
+    fn a_stream_whose_entries_all_stay_live_is_checkpointed_as_it_grows() {
+        let now = 1_000_000;
+        let mut seen = Checkpoints::starting_from(None, now);
+        let mut written = Vec::new();
+        for offset in 0..2_000_000u64 {
+            let live = offset + 1;
+            if seen.due(offset, live, 0.25, now) {
+                let token = format!("c{offset}");
+                seen.begun(&token, offset, Some(now), now);
+                seen.part(&token, 0, 1);
+                written.push(offset);
+            }
+        }
+        assert!(written.len() >= 5, "checkpoints at {written:?}");
+        let last = *written.last().unwrap();
+        assert!(
+            2_000_000 - last <= 2_000_000 / 2 + 1,
+            "a start reads the state and at most about half as many entries after it"
+        );
     }
 
     #[test]

@@ -145,6 +145,9 @@ impl FutureCancels {
 
     /// Restores one record of a checkpoint; others are not this reader's.
     pub fn restore(&mut self, record: &Record) {
+        if record.longest_name() > super::NAME_MOST_BYTES {
+            return;
+        }
         match record {
             Record::StreamClock { at } => self.bridge_time(*at),
             Record::Held { o, id, c, d, t } => {

@@ -51,6 +51,8 @@ struct Arena {
     _publisher_connection: Connection,
     /// The recipe's canceller and operator, as configurations of the `delay-bridge` command.
     canceller_url: String,
+    /// The canceller's user name and password, for the stream protocol.
+    canceller_login: (String, String),
     operator: ConfigFile,
     _users: Vec<TestUser>,
 }
@@ -98,6 +100,7 @@ impl Arena {
         };
         let publisher_url = url_of("publisher");
         let canceller_url = url_of("canceller");
+        let canceller_login = (format!("adv-canceller-{tag}"), format!("pw-{tag}"));
         let operator_url = url_of("operator");
         let mut operator_config = w.config.clone();
         operator_config.urls = vec![BrokerUrl::parse(&operator_url).expect("a URL")];
@@ -119,6 +122,7 @@ impl Arena {
             publisher,
             _publisher_connection: connection,
             canceller_url,
+            canceller_login,
             operator,
             _users: users,
         }
@@ -135,6 +139,39 @@ impl Arena {
             .await
             .unwrap();
         (connection, channel)
+    }
+
+    /// Publishes `entries` (see tests/stream_publisher.py) to the cancel stream over the
+    /// stream protocol as the recipe's canceller: the script's exit code, or `None` (said on
+    /// stderr) where the broker has no stream listener the tests know of
+    /// (`DELAY_BRIDGE_STREAM_PORT`) or no python with rstream.
+    async fn stream_publish(&self, entries: serde_json::Value) -> Option<i32> {
+        let Ok(port) = std::env::var("DELAY_BRIDGE_STREAM_PORT") else {
+            eprintln!("skipped: no DELAY_BRIDGE_STREAM_PORT (the broker's stream protocol port)");
+            return None;
+        };
+        let Some(python) = crate::interop::pika_python() else {
+            eprintln!("skipped: no python with rstream (scripts/python-env.sh)");
+            return None;
+        };
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stream_publisher.py");
+        let (user, password) = &self.canceller_login;
+        let stream = self.w.config.names.cancel_stream();
+        let mut child = tokio::process::Command::new(&python)
+            .args([script, "127.0.0.1", &port, user, password, "/", &stream])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the stream publisher");
+        let mut stdin = child.stdin.take().expect("stdin");
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, entries.to_string().as_bytes())
+            .await
+            .expect("entries written");
+        drop(stdin);
+        let status = tokio::time::timeout(30 * SEC, child.wait())
+            .await
+            .expect("the stream publisher ends within 30 s")
+            .expect("the stream publisher ran");
+        Some(status.code().unwrap_or(-1))
     }
 
     /// Publishes as the recipe's publisher, confirmed.
@@ -598,6 +635,27 @@ async fn a_cancel_dated_ahead_means_the_same_after_a_restart() {
     a.cleanup().await;
 }
 
+/// Enough history that a starting bridge looks back for a checkpoint rather than reading
+/// the stream whole: 3 000 cancels long past their due time, as the canceller.
+async fn history(canceller: &Channel, exchange: &str, now: u64) {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    for n in 0..3_000 {
+        let long_ago = now - YEAR_MS;
+        publish_to(
+            canceller,
+            exchange,
+            "",
+            b"",
+            tombstone_properties(
+                message_id(&format!("filler-{n}")).unwrap(),
+                long_ago,
+                Some(long_ago),
+            ),
+        )
+        .await;
+    }
+}
+
 /// A canceller writes a checkpoint of its own into the stream (a begin entry, and a part
 /// that says only `innocent` is cancelled, leaving out the real cancel of `victim`) and a
 /// marker naming it: neither the running bridge nor a restarted one takes it (only a
@@ -620,23 +678,7 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
         tombstone_properties(message_id("victim").unwrap(), cancelled_at, None),
     )
     .await;
-    // Enough history that a starting bridge looks back for a checkpoint rather than
-    // reading the stream whole (cancels long past their due time).
-    for n in 0..3_000 {
-        let long_ago = cancelled_at - YEAR_MS;
-        publish_to(
-            &canceller,
-            &exchange,
-            "",
-            b"",
-            tombstone_properties(
-                message_id(&format!("filler-{n}")).unwrap(),
-                long_ago,
-                Some(long_ago),
-            ),
-        )
-        .await;
-    }
+    history(&canceller, &exchange, cancelled_at).await;
     let forged = checkpoint::encode_part(&[checkpoint::Record::Cancel {
         id: "innocent".into(),
         c: u64::MAX / 4,
@@ -696,6 +738,154 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
         1,
         "the victim's copy dropped"
     );
+    let _ = connection.close(200, "done".into()).await;
+    a.cleanup().await;
+}
+
+/// The same forgery over the stream protocol, which stores a publish's `user_id` unchecked:
+/// the canceller writes the bridge's own user into the begin entry, the part and a marker
+/// naming it. The state key's signature is what tells a bridge's entries then: neither the
+/// running bridge nor a restarted one takes the forgery, and the real cancel holds.
+#[tokio::test]
+async fn a_cancellers_checkpoint_forged_over_the_stream_protocol_changes_nothing() {
+    use delay_bridge::cancel::{checkpoint, header as entry, message_id, tombstone_properties};
+    let mut a = Arena::start("adv-stream-forgery").await;
+    let (connection, canceller) = a.canceller().await;
+    let exchange = a.w.config.names.cancel_exchange();
+    let cancelled_at = now_ms();
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        b"",
+        tombstone_properties(message_id("victim").unwrap(), cancelled_at, None),
+    )
+    .await;
+    history(&canceller, &exchange, cancelled_at).await;
+    let bridge_user = a.w.config.url().user();
+    let forged = checkpoint::encode_part(&[checkpoint::Record::Cancel {
+        id: "innocent".into(),
+        c: u64::MAX / 4,
+        e: now_ms() + YEAR_MS,
+    }]);
+    let entries = serde_json::json!([
+        {"message_id": "forged", "user_id": bridge_user, "body": "x",
+         "headers": {entry::KIND: "checkpoint", entry::AT: now_ms()}},
+        {"message_id": "forged", "user_id": bridge_user,
+         "body": String::from_utf8(forged).unwrap(),
+         "headers": {entry::KIND: "checkpoint-part", entry::CHECKPOINT: 0, entry::PART: 0,
+                     entry::PARTS: 1}},
+        {"message_id": "forged-pointer", "user_id": bridge_user, "body": "x",
+         "headers": {entry::KIND: "sync", entry::AT: now_ms(), entry::CHECKPOINT: 0}},
+    ]);
+    let Some(code) = a.stream_publish(entries).await else {
+        let _ = connection.close(200, "done".into()).await;
+        a.cleanup().await;
+        return;
+    };
+    assert_eq!(
+        code, 0,
+        "the canceller may write to the stream over the stream protocol"
+    );
+    let stats = a.w.stats();
+    wait_until("the real cancel is applied", 5 * SEC, || {
+        stats.snapshot().tombstones == 1
+    })
+    .await;
+    // The bridge's next clock entries come and go; a restart loads what they named.
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    assert_eq!(a.w.stats().snapshot().tombstones, 1, "only the real cancel");
+    assert_eq!(a.w.stats().snapshot().checkpoints, 0, "no checkpoint taken");
+    for id in ["victim", "innocent"] {
+        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
+        a.publish(
+            &a.ingress,
+            "rk.copy",
+            id.as_bytes(),
+            with(vec![
+                ("x-delay", AMQPValue::LongLongInt(300)),
+                (header::PUBLISHED_AT, published_at),
+            ])
+            .with_message_id(id.into()),
+        )
+        .await;
+    }
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"innocent", "the innocent copy arrives");
+    a.w.assert_quiet(2 * SEC).await;
+    assert_eq!(
+        a.w.stats().snapshot().cancelled,
+        1,
+        "the victim's copy dropped"
+    );
+    let _ = connection.close(200, "done".into()).await;
+    a.cleanup().await;
+}
+
+/// A canceller's successor tombstones are bridge state and are not taken from it: 200 of
+/// them with 120 KiB targets leave nothing behind, and one that names a running schedule
+/// (every copy of its next occurrences born before the end of time) does not stop it.
+#[tokio::test]
+async fn a_cancellers_successor_tombstones_are_not_taken() {
+    use delay_bridge::cancel::{Successors, message_id, successors_properties};
+    let mut a = Arena::start("adv-successors").await;
+    let (connection, canceller) = a.canceller().await;
+    let exchange = a.w.config.names.cancel_exchange();
+    let entered_at = now_ms() - 1_000;
+    a.publish(
+        &a.ingress,
+        "rk.tick",
+        b"tick",
+        with(vec![
+            ("x-repeat-every", AMQPValue::LongString("1s".into())),
+            ("x-repeat-count", AMQPValue::LongLongInt(6)),
+            ("x-delay", AMQPValue::LongLongInt(1_000)),
+            (
+                header::PUBLISHED_AT,
+                AMQPValue::LongLongInt(entered_at as i64),
+            ),
+        ])
+        .with_message_id("tick".into()),
+    )
+    .await;
+    let stop_it = Successors {
+        message_id: "tick".into(),
+        target: Some(a.w.config.routes[0].target.clone()),
+        entered_at,
+        after_occurrence: 0,
+        born_before: u64::MAX / 2,
+        due_at: now_ms() + YEAR_MS,
+    };
+    publish_to(
+        &canceller,
+        &exchange,
+        "",
+        b"",
+        successors_properties(message_id("tick").unwrap(), &stop_it),
+    )
+    .await;
+    let long = "t".repeat(120 * 1024);
+    for n in 0..200 {
+        let mut properties = successors_properties(
+            message_id(&format!("big-{n}")).unwrap(),
+            &Successors {
+                target: None,
+                ..stop_it.clone()
+            },
+        );
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            delay_bridge::cancel::header::TARGET.into(),
+            AMQPValue::LongString(long.as_str().into()),
+        );
+        properties = properties.with_headers(headers);
+        publish_to(&canceller, &exchange, "", b"", properties).await;
+    }
+    for n in 1..=3 {
+        let got = a.w.recv_within(10 * SEC).await;
+        assert_eq!(got.body, b"tick", "occurrence {n} of the schedule arrives");
+    }
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }

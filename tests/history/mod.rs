@@ -132,6 +132,40 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
     w.cleanup().await;
 }
 
+/// A shop's mix, in miniature: cancels of orders due a few minutes ahead (nine in ten) and
+/// cancels that name no due time, appended while a bridge runs. Every one stays live for
+/// now, and before 0.3 no checkpoint was ever due (the threshold was the whole state): a
+/// restart read every entry from the first. Now one is written once the entries reach half
+/// the state, and a restart reads it and what follows.
+#[tokio::test]
+async fn a_stream_whose_cancels_all_stay_live_is_checkpointed() {
+    let mut w = World::start(Setup::new("history-all-live")).await;
+    let now = now_ms();
+    let entries = (0..14_000)
+        .map(|i| {
+            let id = message_id(&format!("order-{i}")).unwrap();
+            let due = (i % 10 != 0).then_some(now + 300_000);
+            (tombstone_properties(id, now, due), Vec::new())
+        })
+        .collect();
+    append(&w, entries).await;
+    let stats = w.stats();
+    wait_until("a checkpoint is written", 30 * SEC, || {
+        stats.snapshot().checkpoints >= 1
+    })
+    .await;
+    w.stop_bridge().await;
+    w.start_bridge().await;
+    let again = w.stats().snapshot();
+    assert_eq!(again.tombstones, 14_000, "the same live cancels");
+    assert!(
+        again.catch_up_entries < 14_000 / 2 + 2_000,
+        "read {} entries: the checkpoint's parts and what follows it",
+        again.catch_up_entries
+    );
+    w.cleanup().await;
+}
+
 /// Retention by need: once a checkpoint holds the live state, a retention policy may cut
 /// every entry before it, and a starting bridge still has every live cancel, including
 /// those whose own entries are gone. (By size here, so that the cut is certain in a test;

@@ -11,7 +11,7 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// A python with pika: `DELAY_BRIDGE_PYTHON`, else the one `scripts/python-env.sh` finds or
 /// makes (a venv under the project). `None` when neither works (no python3 or no PyPI).
-fn pika_python() -> Option<String> {
+pub fn pika_python() -> Option<String> {
     if let Ok(python) = std::env::var("DELAY_BRIDGE_PYTHON") {
         return Some(python);
     }

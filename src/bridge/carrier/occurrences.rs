@@ -3,7 +3,6 @@
 //! and the line a copy belongs to (a schedule taken in replaces its older ones; a
 //! redelivered copy is born again), each entry confirmed before the delivery is acked.
 
-use lapin::types::ShortString;
 use std::sync::atomic::Ordering;
 
 use super::publish::{Attempt, Publishing, signed};
@@ -195,10 +194,11 @@ impl<'a> Occurrences<'a> {
             .map(|copy| Line::Renewed(Box::new(copy)))
     }
 
-    /// The bridge's own user, as the `user_id` of what it appends to the cancel stream: the
-    /// broker checks it, so bridges tell their own entries from a canceller's.
-    fn bridge_user(self) -> ShortString {
-        ShortString::from(self.shared.bridge_user.as_str())
+    /// `properties` of an entry this bridge appends to the cancel stream, marked as a
+    /// bridge's (its `user_id`, signed when a state key is set), so that readers tell it from
+    /// a canceller's (see [`crate::cancel::trust`]).
+    fn own_entry(self, properties: lapin::BasicProperties) -> lapin::BasicProperties {
+        self.shared.authority.own(properties, b"")
     }
 
     /// True when a cancel or a later schedule's replacement drops this copy of a recurring
@@ -273,8 +273,10 @@ impl<'a> Occurrences<'a> {
         let tombstone = Attempt::stream_entry(
             tag,
             &cancel_exchange,
-            crate::cancel::successors_properties(id.clone(), &successors)
-                .with_user_id(self.bridge_user()),
+            self.own_entry(crate::cancel::successors_properties(
+                id.clone(),
+                &successors,
+            )),
         );
         self.publishing.own(tombstone).await?;
         tracing::debug!(occurrence = number, "redelivered occurrence born again");
@@ -296,12 +298,11 @@ impl<'a> Occurrences<'a> {
         let attempt = Attempt::stream_entry(
             tag,
             &cancel_exchange,
-            crate::cancel::replaced_properties(
+            self.own_entry(crate::cancel::replaced_properties(
                 id,
                 &envelope.target,
                 envelope.entered_at.saturating_sub(1),
-            )
-            .with_user_id(self.bridge_user()),
+            )),
         );
         self.publishing.own(attempt).await
     }
