@@ -23,7 +23,8 @@
 //! - [`contract`]: the wire contract: headers and properties in (decode) and out (encode),
 //!   park reasons, a content header's frame size, bundles (several hops as one message).
 //! - [`cancel`]: the tombstone format of the cancel stream and the set of live tombstones
-//!   (and the successor tombstones that keep one copy of a recurring schedule).
+//!   (and the successor tombstones that keep one copy of a recurring schedule); the trust
+//!   table of which entry is taken from which writer.
 //! - [`recurring`]: recurring schedules: the `x-repeat-*` headers read, the next
 //!   occurrence of an interval or a cron expression in a time zone, and what delivering one
 //!   late means (one overdue occurrence, the rest counted as skipped).
@@ -33,7 +34,8 @@
 //!   (`wire`), which carries every message (consuming, publishing, confirms, returns, the
 //!   cancel stream, the parked queue) while lapin declares and counts; inside the crate,
 //!   the one confirmed, mandatory publish, which matches returns to their own publish and
-//!   decides what a result means.
+//!   decides what a result means, and the cancel stream's reader on a connection of its
+//!   own, which skips an entry the broker cannot send.
 //! - [`topology`]: what the bridge declares, as data, then declared or deleted.
 //! - [`management`]: the management HTTP API, read for what AMQP does not show (a queue's
 //!   expired messages that its dead-letter worker has not forwarded, bytes).

@@ -12,6 +12,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::amqp::cancel_stream::{self, Start};
+use crate::amqp::stream_reader::StreamReader;
 use crate::amqp::wire::WireError;
 use crate::amqp::{self, QueueCounts, queue_counts, reply_code};
 use crate::cancel::{Authority, Record, StreamEntry, checkpoint};
@@ -279,7 +280,7 @@ pub async fn read(
         .await
         .map_err(StatusError::Connect)?;
     let read_both = async {
-        let cancel_entries = count_stream(&reading, &names.cancel_stream(), &Authority::of(config))
+        let cancel_entries = count_stream(config, &names.cancel_stream(), &Authority::of(config))
             .await
             .map_err(|source| StatusError::Stream {
                 stream: names.cancel_stream(),
@@ -326,24 +327,39 @@ pub async fn read(
 /// meanwhile, the read ends. Reading a stream takes nothing from it. The project's own
 /// connection hands over an entry its codec cannot read as bytes: counted as unreadable.
 async fn count_stream(
-    connection: &amqp::wire::Connection,
+    config: &Config,
     stream: &str,
     authority: &Authority,
 ) -> Result<StreamEntries, WireError> {
-    let Some(end) = stream_end(connection, stream).await? else {
+    let mut reader = StreamReader::new(
+        config.url(),
+        "delay-bridge status: cancel stream",
+        stream,
+        Start::Last,
+    );
+    let counted = count_with(&mut reader, authority).await;
+    reader.close().await;
+    counted
+}
+
+/// [`count_stream`] with `reader`.
+async fn count_with(
+    reader: &mut StreamReader,
+    authority: &Authority,
+) -> Result<StreamEntries, WireError> {
+    let Some(end) = stream_end(reader).await? else {
         return Ok(StreamEntries {
             complete: true,
             ..StreamEntries::default()
         });
     };
-    let (found, _) = cancel_stream::locate(connection, stream, end, authority).await?;
-    let start = found.map_or(Start::First, Start::At);
-    let (channel, mut consumer) = cancel_stream::attach(connection, stream, start, "").await?;
+    let (found, _) = cancel_stream::locate(reader, end, authority).await?;
+    reader.seek(found.map_or(Start::First, Start::At)).await;
     let mut entries = StreamEntries::default();
     let mut checkpoint = found.map(|offset| (CheckpointFigures::at(offset), None::<String>));
     let mut read = 0u64;
     let deadline = tokio::time::Instant::now() + STREAM_READ_WITHIN;
-    while let Ok(next) = tokio::time::timeout_at(deadline, consumer.next()).await {
+    while let Ok(next) = tokio::time::timeout_at(deadline, reader.next()).await {
         let Some(delivery) = next? else { break };
         let offset = cancel_stream::offset_of(&delivery);
         read += 1;
@@ -381,11 +397,8 @@ async fn count_stream(
         if read == STREAM_READ_MOST {
             break;
         }
-        if read.is_multiple_of(cancel_stream::ACK_EVERY) {
-            channel.ack([(delivery.delivery_tag, true)])?;
-        }
     }
-    let _ = channel.close().await;
+    entries.unreadable += reader.take_skipped();
     entries.checkpoint = checkpoint.map(|(figures, _)| figures);
     Ok(entries)
 }
@@ -408,19 +421,14 @@ fn count_entry(entries: &mut StreamEntries, entry: StreamEntry) {
 /// at `last` is sent the stream's last chunk (the entries written together), then whatever
 /// comes after: the largest offset of what arrives within [`STREAM_END_WITHIN`] of
 /// attaching is taken (a little past the end when entries keep coming).
-async fn stream_end(
-    connection: &amqp::wire::Connection,
-    stream: &str,
-) -> Result<Option<u64>, WireError> {
-    let (channel, mut consumer) =
-        cancel_stream::attach(connection, stream, Start::Last, "").await?;
+async fn stream_end(reader: &mut StreamReader) -> Result<Option<u64>, WireError> {
+    reader.seek(Start::Last).await;
     let mut end = None;
     let deadline = tokio::time::Instant::now() + STREAM_END_WITHIN;
-    while let Ok(next) = tokio::time::timeout_at(deadline, consumer.next()).await {
+    while let Ok(next) = tokio::time::timeout_at(deadline, reader.next()).await {
         let Some(delivery) = next? else { break };
         end = end.max(cancel_stream::offset_of(&delivery));
     }
-    let _ = channel.close().await;
     Ok(end)
 }
 

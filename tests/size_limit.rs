@@ -5,7 +5,10 @@
 //! flows on.
 //!
 //! A test binary of its own: the limit is broker-wide, and Cargo runs test binaries one
-//! after another, so no other test publishes meanwhile.
+//! after another, so no other test publishes meanwhile; its tests take turns ([`TURN`]).
+//!
+//! Also: a checkpoint part the broker refuses closes the channel it went on; the bridge's
+//! later appends to the cancel stream (clamps, clock entries, checkpoints) still go in.
 
 mod support;
 
@@ -14,6 +17,9 @@ use std::time::Duration;
 use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
+
+/// The tests of this binary change the broker's limit: one at a time.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Lowers the test broker's `max_message_size` for channels opened from now on; restores
 /// it when dropped (also on a panic).
@@ -59,6 +65,7 @@ fn set_max_message_size(bytes: usize) {
 
 #[tokio::test]
 async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_flows_on() {
+    let _turn = TURN.lock().await;
     const BODY: usize = 64 << 10;
     let mut w = World::start(Setup::new("shrunk")).await;
     let stats = w.stats();
@@ -72,8 +79,8 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
     // The bridge's channels were opened under the old limit; its next session's are not.
     let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
     assert_eq!(
-        closed, 3,
-        "the bridge's three connections (control, consuming, publishing) were found and closed"
+        closed, 4,
+        "the bridge's four connections (control, consuming, publishing, cancel stream) were found and closed"
     );
 
     let parked = w.parked_within(30 * SEC).await;
@@ -101,6 +108,88 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
     let got = w.recv_within(10 * SEC).await;
     assert_eq!(got.body, b"small");
     w.assert_quiet(Duration::from_millis(300)).await;
+    drop(limit);
+    w.cleanup().await;
+}
+
+/// A checkpoint whose part is over the broker's limit: the broker refuses it and closes the
+/// channel it went on. Before 0.3 that channel was never opened again, so every later
+/// append of the bridge failed; now a clamp for a cancel dated ahead still goes in.
+#[tokio::test]
+async fn a_refused_checkpoint_part_leaves_the_bridge_appending() {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    use lapin::options::BasicPublishOptions;
+    let _turn = TURN.lock().await;
+    let w = World::start(Setup::new("refused-part")).await;
+    let limit = SizeLimit::lower_to(16 << 10);
+    // Its channels opened under the old limit; the next session's do not.
+    close_connections_named(&format!("delay-bridge {}", w.prefix()));
+    let stats = w.stats();
+    wait_until("the bridge reconnected", 30 * SEC, || {
+        stats.snapshot().reconnects >= 1
+    })
+    .await;
+    // Enough live cancels that a checkpoint is due, and its one part (~1 MB) over 16 KiB.
+    let stream = w.config.names.cancel_stream();
+    let now = delay_bridge::clock::now_ms();
+    for batch in 0..7 {
+        let mut confirms = Vec::new();
+        for i in 0..2_000 {
+            let id = message_id(&format!("order-{batch}-{i}")).unwrap();
+            confirms.push(
+                w.publisher
+                    .basic_publish(
+                        "".into(),
+                        stream.as_str().into(),
+                        BasicPublishOptions::default(),
+                        b"",
+                        tombstone_properties(id, now, Some(now + 600_000)),
+                    )
+                    .await
+                    .expect("published"),
+            );
+        }
+        for confirm in futures::future::join_all(confirms).await {
+            assert!(confirm.expect("confirmed").is_ack());
+        }
+    }
+    let entries = |json: &serde_json::Value, kind: &str| json["cancel_entries"][kind].as_u64();
+    let status = || async {
+        let (ok, out) = run_command(&w.config_file(4000), &["status", "--json"]).await;
+        assert!(ok, "status: {out}");
+        serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
+    };
+    let deadline = tokio::time::Instant::now() + 60 * SEC;
+    while entries(&status().await, "checkpoint_entries").unwrap_or(0) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no checkpoint begun"
+        );
+    }
+    assert_eq!(stats.snapshot().checkpoints, 0, "its part was refused");
+    // Cancels dated an hour ahead: the bridge appends a clamp for each.
+    let ahead = delay_bridge::clock::now_ms() + 3_600_000;
+    for id in ["ahead-1", "ahead-2"] {
+        w.publisher
+            .basic_publish(
+                "".into(),
+                stream.as_str().into(),
+                BasicPublishOptions::default(),
+                b"",
+                tombstone_properties(message_id(id).unwrap(), ahead, None),
+            )
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+    }
+    let deadline = tokio::time::Instant::now() + 30 * SEC;
+    while entries(&status().await, "clamps").unwrap_or(0) < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bridge appends no clamp after a refused part"
+        );
+    }
     drop(limit);
     w.cleanup().await;
 }

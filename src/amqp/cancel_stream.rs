@@ -1,11 +1,13 @@
-//! Reading the cancel stream from a place: attaching at an offset, finding where it ends,
-//! and locating the newest complete checkpoint by reading back from the end (the decisions
-//! are [`crate::cancel::checkpoint`]'s). Shared by the bridge's follower and `status`.
+//! Reading the cancel stream from a place: where a reader attaches, finding where the stream
+//! ends, and locating the newest complete checkpoint by reading back from the end (the
+//! decisions are [`crate::cancel::checkpoint`]'s), each on a [`StreamReader`]. Shared by the
+//! bridge's follower and `status`.
 
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::{AMQPValue, LongString};
 
 use super::stream_offset::stream_offset;
-use super::wire::{self, Channel, Consumer, Delivery, WireError};
+use super::stream_reader::StreamReader;
+use super::wire::{Delivery, WireError};
 use crate::cancel::checkpoint::LOOK_BACK;
 use crate::cancel::{Authority, Locate, StreamEntry};
 
@@ -26,32 +28,12 @@ pub(crate) enum Start {
 }
 
 impl Start {
-    fn argument(self) -> AMQPValue {
+    /// Its `x-stream-offset` argument.
+    pub(crate) fn argument(self) -> AMQPValue {
         match self {
             Start::First => AMQPValue::LongString(LongString::from("first")),
             Start::Last => AMQPValue::LongString(LongString::from("last")),
             Start::At(offset) => AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
-        }
-    }
-}
-
-/// Opens a channel and attaches a consumer tagged `tag` (one made up when empty) to
-/// `stream` at `start`.
-pub(crate) async fn attach(
-    connection: &wire::Connection,
-    stream: &str,
-    start: Start,
-    tag: &str,
-) -> Result<(Channel, Consumer), WireError> {
-    let channel = connection.open_channel().await?;
-    channel.qos(STREAM_PREFETCH).await?;
-    let mut args = FieldTable::default();
-    args.insert("x-stream-offset".into(), start.argument());
-    match channel.consume(stream, tag, args).await {
-        Ok(consumer) => Ok((channel, consumer)),
-        Err(e) => {
-            let _ = channel.close().await;
-            Err(e)
         }
     }
 }
@@ -64,16 +46,22 @@ pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
     }
 }
 
+/// The offset of the stream's last entry, read with `reader` (which is left at the stream's
+/// last chunk): `None` when the broker cancelled the consumer.
+pub(crate) async fn last_offset(reader: &mut StreamReader) -> Result<Option<u64>, WireError> {
+    reader.seek(Start::Last).await;
+    Ok(reader.next().await?.as_ref().and_then(offset_of))
+}
+
 /// Finds the begin offset of the newest complete checkpoint at or before `end`, reading
-/// back from it ([`LOOK_BACK`] entries in turn) for the pointers in trusted markers and
-/// clock entries, and checkpoints begun and completed within: `None` when none is named (a
-/// young stream, or one no bridge from 0.2 wrote to). A stretch that would reach back over
-/// half the stream's offsets is not read: reading the stream from its start costs at most
-/// twice that. `authority` takes each entry (the trust table). Also how many entries it
-/// read.
+/// back from it with `reader` ([`LOOK_BACK`] entries in turn) for the pointers in trusted
+/// markers and clock entries, and checkpoints begun and completed within: `None` when none
+/// is named (a young stream, or one no bridge from 0.2 wrote to). A stretch that would reach
+/// back over half the stream's offsets is not read: reading the stream from its start costs
+/// at most twice that. `authority` takes each entry (the trust table). Also how many
+/// entries it read.
 pub(crate) async fn locate(
-    connection: &wire::Connection,
-    stream: &str,
+    reader: &mut StreamReader,
     end: u64,
     authority: &Authority,
 ) -> Result<(Option<u64>, u64), WireError> {
@@ -83,14 +71,11 @@ pub(crate) async fn locate(
         if from <= back {
             break;
         }
-        let (channel, mut consumer) = attach(connection, stream, Start::At(from), "").await?;
+        reader.seek(Start::At(from)).await;
         let mut locate = Locate::new();
-        while let Some(delivery) = consumer.next().await? {
+        while let Some(delivery) = reader.next().await? {
             read += 1;
             let offset = offset_of(&delivery);
-            if read.is_multiple_of(ACK_EVERY) {
-                channel.ack([(delivery.delivery_tag, true)])?;
-            }
             if delivery.unreadable.is_none() {
                 match authority.read(&delivery.properties, &delivery.data) {
                     StreamEntry::Sync {
@@ -112,7 +97,6 @@ pub(crate) async fn locate(
                 break;
             }
         }
-        let _ = channel.close().await;
         if locate.found().is_some() {
             return Ok((locate.found(), read));
         }

@@ -13,6 +13,8 @@ pub(crate) mod disposition;
 pub(crate) mod publisher;
 pub(crate) mod returns;
 pub(crate) mod stream_offset;
+pub(crate) mod stream_reader;
+mod stream_stalls;
 pub(crate) mod targets;
 mod tls;
 pub mod wire;

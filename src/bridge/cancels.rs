@@ -11,10 +11,13 @@
 //! [`FutureCancels`](crate::cancel::FutureCancels)); once caught up, the follower appends one for each such tombstone it
 //! reads, and a clock entry every [`CLOCK_EVERY`].
 //!
-//! It reads on the session's consuming connection (the project's own), which hands over an
-//! entry its codec cannot read (a short string that is not UTF-8, appended by hand) as
-//! bytes: nothing can be removed from a stream, so such an entry is skipped, with an error
-//! that names its offset, and the follower goes on.
+//! It reads on a connection of its own ([`StreamReader`]), which attaches again where it
+//! stopped when the connection fails, and skips (counted in
+//! `delay_bridge_cancel_stream_skipped_total`, warned with its offset) an entry the broker
+//! cannot send to an AMQP 0-9-1 reader, which closes the connection each time it is sent.
+//! An entry the project's codec cannot read (a short string that is not UTF-8, appended by
+//! hand) comes as bytes: nothing can be removed from a stream, so it is skipped, with an
+//! error that names its offset, and the follower goes on.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,16 +27,18 @@ use lapin::types::ShortString;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::checkpoints::{self, ACK_EVERY, Start};
+use super::appender::Appender;
+use super::checkpoints::{self, Start};
 use super::{BridgeError, Shared};
 use crate::amqp::disposition::Disposition;
-use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::{raw_stream_offset, stream_offset};
-use crate::amqp::wire::{self, Channel, Consumer, Delivery};
+use crate::amqp::stream_reader::StreamReader;
+use crate::amqp::wire::{self, Delivery};
 use crate::cancel::{
     CLOCK_EVERY, Clamp, Inserted, Read, StreamEntry, Tombstone, clamp_properties, sync_properties,
 };
 use crate::clock::now_ms;
+use crate::config::BrokerUrl;
 
 /// Expire at least this often, so the gauge stays current.
 const SWEEP_AT_MOST: Duration = Duration::from_secs(30);
@@ -43,11 +48,13 @@ const SWEEP_AT_MOST: Duration = Duration::from_secs(30);
 /// channel or connection is lost, or `Ok` when `stop` fires).
 pub(super) async fn follow(
     shared: Arc<Shared>,
-    connection: &wire::Connection,
-    publish: &Publisher,
+    url: &BrokerUrl,
+    publishing: &wire::Connection,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), BridgeError>>, BridgeError> {
     let stream = shared.config.names.cancel_stream();
+    let appender = Appender::new(publishing, shared.config.confirm_timeout);
+    let publish = &appender;
     let resume = *shared.stream_next_offset.lock().expect("offset lock");
     shared
         .future_cancels
@@ -89,38 +96,54 @@ pub(super) async fn follow(
     }
 
     // Where to read from: after a lost session, where it stopped; at boot, the newest
-    // complete checkpoint, else the stream's start.
+    // complete checkpoint, else the stream's start. The reader has a connection of its own
+    // (see `amqp::stream_reader`).
+    let name = format!(
+        "delay-bridge {} cancel stream",
+        shared.config.names.prefix()
+    );
+    let counted = shared.clone();
+    let mut reader = StreamReader::new(url, &name, &stream, Start::First).on_skip(move |_| {
+        counted.stats.stream_skipped.fetch_add(1, Ordering::Relaxed);
+    });
     let (mut start, mut located) = match resume {
         Some(next) => (Start::At(next), 0),
-        None => match checkpoints::locate(&shared, connection, &stream).await? {
-            (Some(begin), read) => (Start::At(begin), read),
-            (None, read) => (Start::First, read),
+        None => match checkpoints::locate(&shared, &mut reader).await {
+            Ok((Some(begin), read)) => (Start::At(begin), read),
+            Ok((None, read)) => (Start::First, read),
+            Err(e) => {
+                reader.close().await;
+                return Err(e);
+            }
         },
     };
     let loading = resume.is_none() && matches!(start, Start::At(_));
-    let (channel, consumer, backlog) = loop {
-        let (channel, mut consumer) = checkpoints::attach_at(connection, &stream, start).await?;
+    let backlog = loop {
+        reader.seek(start).await;
         let Start::At(begin) = start else {
             if resume.is_none() {
                 // No checkpoint: the age of the newest counts from now.
                 *shared.checkpoints.lock().expect("checkpoints lock") =
                     crate::cancel::Checkpoints::starting_from(None, now_ms());
             }
-            break (channel, consumer, Vec::new());
+            break Vec::new();
         };
         if !loading {
-            break (channel, consumer, Vec::new());
+            break Vec::new();
         }
-        match checkpoints::load(&shared, &channel, &mut consumer, begin, &token).await? {
-            Ok((kept, read)) => {
+        match checkpoints::load(&shared, &mut reader, begin, &token).await {
+            Ok(Ok((kept, read))) => {
                 located += read;
-                break (channel, consumer, kept);
+                break kept;
             }
-            Err(why) => {
+            Ok(Err(why)) => {
                 tracing::warn!("{why}: reading the cancel stream from its start");
-                let _ = channel.close().await;
                 start = Start::First;
                 continue;
+            }
+            Err(e) => {
+                reader.close().await;
+                return Err(e);
             }
         }
     };
@@ -128,8 +151,7 @@ pub(super) async fn follow(
     let (caught_up_tx, caught_up) = oneshot::channel();
     let handle = tokio::spawn(run(
         shared.clone(),
-        channel,
-        consumer,
+        reader,
         backlog,
         publish.clone(),
         token,
@@ -163,10 +185,9 @@ pub(super) async fn follow(
 #[allow(clippy::too_many_arguments)]
 async fn run(
     shared: Arc<Shared>,
-    channel: Channel,
-    mut consumer: Consumer,
+    mut reader: StreamReader,
     backlog: Vec<Delivery>,
-    publish: Publisher,
+    publish: Appender,
     token: String,
     caught_up: oneshot::Sender<u64>,
     stop: CancellationToken,
@@ -174,7 +195,6 @@ async fn run(
     let mut caught_up = Some(caught_up);
     let mut read = 0u64;
     let mut backlog = backlog.into_iter();
-    let mut unacked = None;
     let mut next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
     loop {
         let next_expiry = shared
@@ -188,27 +208,28 @@ async fn run(
             .min(SWEEP_AT_MOST);
         tokio::select! {
             biased;
-            next = async { Ok::<_, wire::WireError>(backlog.next()) }, if backlog.len() > 0 => {
-                let Ok(Some(delivery)) = next else { continue };
+            next = async { backlog.next() }, if backlog.len() > 0 => {
+                let Some(delivery) = next else { continue };
                 read += 1;
                 if let Some(tx) = take_entry(&shared, &publish, &delivery, &token, &mut caught_up) {
                     let _ = tx.send(read);
                 }
-                unacked = Some(delivery.delivery_tag);
             }
-            next = consumer.next() => {
+            next = reader.next() => {
                 let delivery = match next {
                     Ok(Some(d)) => d,
-                    Err(e) => return Err(BridgeError::wire("reading the cancel stream")(e)),
-                    Ok(None) => return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into())),
+                    Err(e) => {
+                        reader.close().await;
+                        return Err(BridgeError::wire("reading the cancel stream")(e));
+                    }
+                    Ok(None) => {
+                        reader.close().await;
+                        return Err(BridgeError::ConsumerEnded("the broker cancelled the cancel-stream consumer".into()));
+                    }
                 };
                 read += 1;
                 if let Some(tx) = take_entry(&shared, &publish, &delivery, &token, &mut caught_up) {
                     let _ = tx.send(read);
-                }
-                unacked = Some(delivery.delivery_tag);
-                if read.is_multiple_of(ACK_EVERY) || caught_up.is_none() {
-                    ack(&channel, unacked.take())?;
                 }
             }
             _ = tokio::time::sleep(sweep_in) => expire(&shared),
@@ -217,8 +238,7 @@ async fn run(
                 append_clock(&shared, &publish).await;
             }
             _ = stop.cancelled() => {
-                let _ = ack(&channel, unacked.take());
-                let _ = channel.close().await;
+                reader.close().await;
                 return Ok(());
             }
         }
@@ -230,7 +250,7 @@ async fn run(
 /// this follower's own marker.
 fn take_entry(
     shared: &Arc<Shared>,
-    publish: &Publisher,
+    publish: &Appender,
     delivery: &Delivery,
     token: &str,
     caught_up: &mut Option<oneshot::Sender<u64>>,
@@ -275,7 +295,7 @@ fn take_entry(
 /// An entry the codec cannot read is skipped.
 fn read_one(
     shared: &Arc<Shared>,
-    publish: &Publisher,
+    publish: &Appender,
     delivery: &Delivery,
     token: &str,
 ) -> (bool, Vec<Clamp>) {
@@ -300,7 +320,7 @@ fn read_one(
 /// Appends a clamp entry for a tombstone dated ahead that the follower holds; should the
 /// stream refuse it, the tombstone is applied here as the clamp says (this bridge then
 /// judged it alone).
-async fn append_clamp(shared: Arc<Shared>, publish: Publisher, clamp: Clamp) {
+async fn append_clamp(shared: Arc<Shared>, publish: Appender, clamp: Clamp) {
     let stream = shared.config.names.cancel_stream();
     let appended = match clamp_properties(&clamp, now_ms()) {
         Ok(properties) => matches!(
@@ -329,7 +349,7 @@ async fn append_clamp(shared: Arc<Shared>, publish: Publisher, clamp: Clamp) {
 /// Appends a clock entry: the time a bridge wrote into the stream, so that a later
 /// catch-up holds at most [`CLOCK_EVERY`] of cancels dated after the last one (see
 /// [`FutureCancels`](crate::cancel::FutureCancels)). A failure is only logged: the next one comes.
-async fn append_clock(shared: &Shared, publish: &Publisher) {
+async fn append_clock(shared: &Shared, publish: &Appender) {
     let stream = shared.config.names.cancel_stream();
     let token = format!("clock-{:032x}", rand::random::<u128>());
     let newest = shared
@@ -351,7 +371,7 @@ async fn append_clock(shared: &Shared, publish: &Publisher) {
 /// when a state key is set).
 pub(super) async fn append(
     shared: &Shared,
-    publish: &Publisher,
+    publish: &Appender,
     stream: &str,
     properties: lapin::BasicProperties,
     body: Vec<u8>,
@@ -373,7 +393,7 @@ fn skip_unreadable(offset: Option<u64>) {
 /// ahead, read live).
 fn apply(
     shared: &Arc<Shared>,
-    publish: &Publisher,
+    publish: &Appender,
     entry: StreamEntry,
     offset: Option<u64>,
     token: &str,
@@ -489,13 +509,4 @@ fn expire(shared: &Shared) {
         .stats
         .tombstones
         .store(set.len() as u64, Ordering::Relaxed);
-}
-
-fn ack(channel: &Channel, tag: Option<u64>) -> Result<(), BridgeError> {
-    if let Some(tag) = tag {
-        channel
-            .ack([(tag, true)])
-            .map_err(BridgeError::wire("acknowledging cancel-stream entries"))?;
-    }
-    Ok(())
 }

@@ -9,60 +9,42 @@ use std::sync::atomic::Ordering;
 
 use lapin::types::ShortString;
 
+use super::appender::Appender;
 use super::{BridgeError, Shared};
 use crate::amqp::cancel_stream;
-pub(super) use crate::amqp::cancel_stream::{ACK_EVERY, Start};
+pub(super) use crate::amqp::cancel_stream::Start;
 use crate::amqp::disposition::Disposition;
-use crate::amqp::publisher::Publisher;
 use crate::amqp::stream_offset::stream_offset;
-use crate::amqp::wire::{self, Channel, Consumer, Delivery};
+use crate::amqp::stream_reader::StreamReader;
+use crate::amqp::wire::Delivery;
 use crate::cancel::checkpoint;
 use crate::cancel::{
     Load, Loaded, StreamEntry, checkpoint_begin_properties, checkpoint_part_properties,
 };
 use crate::clock::now_ms;
 
-/// Attaches the follower at `start`.
-pub(super) async fn attach_at(
-    connection: &wire::Connection,
-    stream: &str,
-    start: Start,
-) -> Result<(Channel, Consumer), BridgeError> {
-    cancel_stream::attach(
-        connection,
-        stream,
-        start,
-        &format!("delay-bridge-cancels-{}", std::process::id()),
-    )
-    .await
-    .map_err(BridgeError::wire("consuming the cancel stream"))
-}
-
 /// Finds the begin offset of the newest complete checkpoint (see
 /// [`cancel_stream::locate`]), reading back from the stream's end, which this follower's
 /// catch-up marker makes non-empty. Also how many entries it read.
 pub(super) async fn locate(
     shared: &Shared,
-    connection: &wire::Connection,
-    stream: &str,
+    reader: &mut StreamReader,
 ) -> Result<(Option<u64>, u64), BridgeError> {
-    let (channel, mut consumer) = cancel_stream::attach(connection, stream, Start::Last, "")
+    let Some(end) = cancel_stream::last_offset(reader)
         .await
-        .map_err(BridgeError::wire("consuming the cancel stream"))?;
-    let last = next(&mut consumer).await?;
-    let _ = channel.close().await;
-    let Some(end) = cancel_stream::offset_of(&last) else {
+        .map_err(BridgeError::wire("reading the cancel stream"))?
+    else {
         return Ok((None, 1));
     };
-    let (found, read) = cancel_stream::locate(connection, stream, end, &shared.authority)
+    let (found, read) = cancel_stream::locate(reader, end, &shared.authority)
         .await
         .map_err(BridgeError::wire("reading the cancel stream"))?;
     Ok((found, read + 1))
 }
 
-/// The consumer's next delivery.
-async fn next(consumer: &mut Consumer) -> Result<Delivery, BridgeError> {
-    match consumer.next().await {
+/// The reader's next delivery.
+async fn next(reader: &mut StreamReader) -> Result<Delivery, BridgeError> {
+    match reader.next().await {
         Ok(Some(delivery)) => Ok(delivery),
         Ok(None) => Err(BridgeError::ConsumerEnded(
             "the broker cancelled the cancel-stream consumer".into(),
@@ -71,14 +53,13 @@ async fn next(consumer: &mut Consumer) -> Result<Delivery, BridgeError> {
     }
 }
 
-/// Loads the checkpoint that begins at the consumer's first entry (`begin`) into the
-/// shared state: the deliveries read meanwhile that are not its parts, to apply next in
-/// order, and how many it read; or why it cannot be loaded (the caller then reads the
-/// stream from its start).
+/// Loads the checkpoint that begins at the reader's next entry (`begin`) into the shared
+/// state: the deliveries read meanwhile that are not its parts, to apply next in order, and
+/// how many it read; or why it cannot be loaded (the caller then reads the stream from its
+/// start).
 pub(super) async fn load(
     shared: &Shared,
-    channel: &Channel,
-    consumer: &mut Consumer,
+    reader: &mut StreamReader,
     begin: u64,
     token: &str,
 ) -> Result<Result<(Vec<Delivery>, u64), String>, BridgeError> {
@@ -86,13 +67,8 @@ pub(super) async fn load(
     let mut read = 0u64;
     let mut begun_at = None;
     loop {
-        let delivery = next(consumer).await?;
+        let delivery = next(reader).await?;
         read += 1;
-        if read.is_multiple_of(ACK_EVERY) {
-            channel
-                .ack([(delivery.delivery_tag, true)])
-                .map_err(BridgeError::wire("acknowledging cancel-stream entries"))?;
-        }
         let entry = match &delivery.unreadable {
             None => shared.authority.read(&delivery.properties, &delivery.data),
             Some(_) => StreamEntry::Invalid(String::new()),
@@ -157,7 +133,7 @@ pub(super) async fn load(
 /// Begins a checkpoint if one is due after reading the entry at `offset` (see
 /// [`checkpoint::Checkpoints::due`]): appends its begin entry; the follower takes the
 /// state when it reads it back ([`begun`]).
-pub(super) fn maybe_begin(shared: &Arc<Shared>, publish: &Publisher, offset: u64) {
+pub(super) fn maybe_begin(shared: &Arc<Shared>, publish: &Appender, offset: u64) {
     let live = {
         let set = shared.tombstones.lock().expect("tombstone lock");
         (set.len() + set.successors_len()) as u64
@@ -204,7 +180,7 @@ pub(super) fn maybe_begin(shared: &Arc<Shared>, publish: &Publisher, offset: u64
 /// the state as every entry before it left it, and writes the parts.
 pub(super) fn begun(
     shared: &Arc<Shared>,
-    publish: &Publisher,
+    publish: &Appender,
     token: &str,
     begin: u64,
     at_ms: Option<u64>,

@@ -2,6 +2,7 @@
 //! reconnect with backoff when the broker goes away. Runs until its shutdown token fires.
 
 pub(crate) mod acks;
+mod appender;
 mod budget;
 mod cancels;
 mod carrier;
@@ -212,6 +213,7 @@ impl Bridge {
             self.shared.clone(),
             connection.clone(),
             session::Wires {
+                url,
                 consuming: &consuming,
                 publishing: &publishing,
             },

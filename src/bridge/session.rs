@@ -1,9 +1,9 @@
 //! One session: consume the work and returns queues, each on a channel of its own
 //! ([`super::inlet`]), on one of the project's own connections ([`crate::amqp::wire`]),
 //! hand each delivery to a [`Carrier`] (which publishes on the other), fold what carriers
-//! report into batched acks, and drain on shutdown. The cancel stream is followed on the
-//! consuming connection; lapin's connection reads the depths, and its loss ends the session
-//! like the others'. This is the only place that acks.
+//! report into batched acks, and drain on shutdown. The cancel stream is followed on a
+//! connection of its own ([`crate::amqp::stream_reader`]); lapin's connection reads the
+//! depths, and its loss ends the session like the others'. This is the only place that acks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,6 +29,9 @@ const MAX_EVENT_BATCH: usize = 4096;
 /// The session's two connections of the project's own: consuming and publishing apart, so
 /// that the broker's flow control on publishes never holds back the acks.
 pub(super) struct Wires<'a> {
+    /// The broker the session's connections go to (the cancel-stream follower opens one
+    /// of its own there).
+    pub(super) url: &'a crate::config::BrokerUrl,
     /// Where the work queue is consumed and acked.
     pub(super) consuming: &'a wire::Connection,
     /// Where every hop, delivery and parked message is published.
@@ -47,6 +50,7 @@ pub(super) async fn run(
 ) -> Result<(), BridgeError> {
     let config = &shared.config;
     let Wires {
+        url,
         consuming,
         publishing,
     } = wires;
@@ -59,7 +63,7 @@ pub(super) async fn run(
         .map_err(BridgeError::wire("opening the publisher channel"))?;
     let stop = CancellationToken::new();
     let _stop_carriers_on_exit = stop.clone().drop_guard();
-    let follower = cancels::follow(shared.clone(), consuming, &publish, stop.clone()).await?;
+    let follower = cancels::follow(shared.clone(), url, publishing, stop.clone()).await?;
     let returns = Consuming::open(consuming, &shared, Inlet::Returns, share()).await?;
     let work = Consuming::open(consuming, &shared, Inlet::Work, share()).await?;
     tokio::spawn(depths::run(

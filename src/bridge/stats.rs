@@ -110,6 +110,9 @@ counters! {
     catch_up_entries: gauge "delay_bridge_cancel_catch_up_entries",
     /// Checkpoints of the cancel state this bridge wrote to the cancel stream.
     checkpoints: counter "delay_bridge_checkpoints_total",
+    /// Cancel-stream entries skipped because the broker could not send them to an AMQP
+    /// 0-9-1 reader (each closed the reader's connection; warned of with its offset).
+    stream_skipped: counter "delay_bridge_cancel_stream_skipped_total",
     /// Times the consumer was paused because unacked bodies went over
     /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
     pauses: counter "delay_bridge_consumer_pauses_total",

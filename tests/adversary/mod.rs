@@ -889,3 +889,76 @@ async fn a_cancellers_successor_tombstones_are_not_taken() {
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
+
+/// One entry no AMQP 0-9-1 reader can be sent: a stream-protocol publish with no body,
+/// which the broker fails to convert, closing the reader's connection each time it sends
+/// it. The running bridge skips it and goes on; a restarted one reads past it and becomes
+/// ready; each counts it; a cancel after it holds.
+#[tokio::test]
+async fn an_entry_the_broker_cannot_send_is_skipped_and_the_bridge_stays_ready() {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    let mut a = Arena::start("adv-poison-entry").await;
+    let entries = serde_json::json!([
+        {"message_id": "poison", "user_id": null, "body": "",
+         "headers": {delay_bridge::cancel::header::KIND: "cancel"}},
+    ]);
+    let Some(code) = a.stream_publish(entries).await else {
+        a.cleanup().await;
+        return;
+    };
+    assert_eq!(
+        code, 0,
+        "the canceller may write to the stream over the stream protocol"
+    );
+    let stats = a.w.stats();
+    wait_until("the running bridge skips the entry", 30 * SEC, || {
+        stats.snapshot().stream_skipped == 1
+    })
+    .await;
+    let (connection, canceller) = a.canceller().await;
+    let cancelled_at = now_ms();
+    publish_to(
+        &canceller,
+        &a.w.config.names.cancel_exchange(),
+        "",
+        b"",
+        tombstone_properties(message_id("victim").unwrap(), cancelled_at, None),
+    )
+    .await;
+    wait_until("the cancel after it is applied", 10 * SEC, || {
+        stats.snapshot().tombstones == 1
+    })
+    .await;
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    let again = a.w.stats().snapshot();
+    assert_eq!(
+        again.stream_skipped, 1,
+        "the restarted bridge skipped it too"
+    );
+    assert_eq!(again.tombstones, 1, "and has the cancel after it");
+    assert_eq!(again.reconnects, 0, "no session was lost to it");
+    let (ok, out) = run_command(&a.operator, &["status", "--json"]).await;
+    assert!(ok, "status reads past it: {out}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["cancel_entries"]["unreadable"], 1, "{out}");
+    for id in ["victim", "innocent"] {
+        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
+        a.publish(
+            &a.ingress,
+            "rk.copy",
+            id.as_bytes(),
+            with(vec![
+                ("x-delay", AMQPValue::LongLongInt(300)),
+                (header::PUBLISHED_AT, published_at),
+            ])
+            .with_message_id(id.into()),
+        )
+        .await;
+    }
+    let got = a.w.recv_within(10 * SEC).await;
+    assert_eq!(got.body, b"innocent");
+    a.w.assert_quiet(2 * SEC).await;
+    let _ = connection.close(200, "done".into()).await;
+    a.cleanup().await;
+}

@@ -133,7 +133,7 @@ async fn sigterm_releases_held_messages_and_exits_zero() {
     w.cleanup().await;
 }
 
-/// Which of the bridge's three connections a test closes.
+/// Which of the bridge's connections a test closes.
 #[derive(Clone, Copy)]
 enum Lost {
     /// Every one of them (`delay-bridge <prefix>` and what its name begins).
@@ -142,7 +142,7 @@ enum Lost {
     Consumer,
     /// `delay-bridge <prefix> publisher`, the one that publishes.
     Publisher,
-    /// `delay-bridge <prefix>`, the one that declares and reads the cancel stream.
+    /// `delay-bridge <prefix>`, the one that declares and reads queue depths.
     Control,
 }
 
@@ -155,7 +155,7 @@ async fn lose_connections(test: &str, lost: Lost) {
     let mut got = w.recv_n(20, 10 * SEC).await;
     let name = format!("delay-bridge {}", w.prefix());
     let (closed, expected) = match lost {
-        Lost::All => (close_connections_named(&name), 3),
+        Lost::All => (close_connections_named(&name), 4),
         Lost::Consumer => (close_connections_named(&format!("{name} consumer")), 1),
         Lost::Publisher => (close_connections_named(&format!("{name} publisher")), 1),
         Lost::Control => (close_connections_named_exactly(&name), 1),

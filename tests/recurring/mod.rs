@@ -275,7 +275,7 @@ async fn a_lost_session_doubles_at_most_one_occurrence_and_never_the_schedule() 
             record(&w.recv_within(20 * SEC).await);
         }
         let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
-        assert_eq!(closed, 3, "cut {cut}: the bridge's connections");
+        assert_eq!(closed, 4, "cut {cut}: the bridge's connections");
     }
     // After the cuts: every occurrence once, in order.
     let mut after = Vec::new();

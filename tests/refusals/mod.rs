@@ -167,8 +167,8 @@ async fn a_classic_message_redelivered_past_the_limit_is_parked() {
         .await;
         let closed = close_connections_named(&format!("delay-bridge {}", w.prefix()));
         assert_eq!(
-            closed, 3,
-            "the bridge's three connections (control, consuming, publishing) were found and closed"
+            closed, 4,
+            "the bridge's four connections (control, consuming, publishing, cancel stream) were found and closed"
         );
     }
     let parked = w.parked_within(20 * SEC).await;
