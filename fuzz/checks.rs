@@ -974,9 +974,19 @@ pub fn cancel(data: &[u8]) {
                 let at_offset = (op & 0x40 == 0).then_some(offset);
                 let entry = cancel::read_entry(&properties);
                 stream_entry(&entry, &properties);
+                // The trust table, as every reader of the stream applies it.
+                let writer = if bridges {
+                    cancel::Writer::Bridge
+                } else {
+                    cancel::Writer::Other
+                };
+                if entry
+                    .kind()
+                    .is_some_and(|kind| !cancel::trust::taken(kind, writer))
+                {
+                    continue;
+                }
                 match entry {
-                    StreamEntry::Cancel(tombstone)
-                        if tombstone.scope != Scope::Every && !bridges => {}
                     StreamEntry::Cancel(tombstone) => {
                         ids.push(tombstone.message_id.clone());
                         if set.expired(&tombstone, now) {
@@ -985,6 +995,7 @@ pub fn cancel(data: &[u8]) {
                         match future.tombstone(at_offset, tombstone, now) {
                             Read::Apply(tombstone) => insert(&mut set, tombstone, now),
                             Read::Held => {}
+                            Read::Unclamped(_) => unreachable!("no clock behind here"),
                             Read::Clamp(clamp) => {
                                 // Appended by this bridge, read back: the held one applies.
                                 assert_eq!(clamp.cancelled_at, now + CLOCK_ALLOWANCE_MS);
@@ -1016,12 +1027,12 @@ pub fn cancel(data: &[u8]) {
                         ids.push(successors.message_id.clone());
                         set.insert_successors(successors, now);
                     }
-                    StreamEntry::Sync { at: Some(at), .. } if bridges => future.bridge_time(at),
+                    StreamEntry::Sync { at: Some(at), .. } => future.bridge_time(at),
                     StreamEntry::Clamp {
                         offset,
                         cancelled_at,
                         at,
-                    } if bridges => {
+                    } => {
                         future.bridge_time(at);
                         if let Some(held) = future.clamp(offset, cancelled_at) {
                             assert!(held.cancelled_at <= cancelled_at);

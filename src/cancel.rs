@@ -19,7 +19,7 @@ mod successors;
 pub mod trust;
 
 pub use checkpoint::{Checkpoints, Load, Loaded, Locate, Record};
-pub use future::{CLOCK_EVERY, Clamp, FutureCancels, Read};
+pub use future::{CLOCK_CORRECTION_MOST, CLOCK_EVERY, Clamp, FutureCancels, Read};
 pub use successors::{
     LINE_RENEWED_EVERY, SuccessorSet, Successors, birth, born_at_ms, renewal_due,
 };

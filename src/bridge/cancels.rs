@@ -420,6 +420,12 @@ fn apply(
                 Read::Apply(tombstone) => insert(shared, tombstone),
                 Read::Held => {}
                 Read::Clamp(clamp) => return (false, vec![clamp]),
+                Read::Unclamped(behind_ms) => tracing::warn!(
+                    ?offset,
+                    behind_ms,
+                    "this bridge's clock is behind the stream's (the times other bridges write) by more than {:?}: it writes no clamp for a cancel dated ahead, and applies the first clamp another bridge writes; fix its clock",
+                    crate::cancel::CLOCK_CORRECTION_MOST
+                ),
             }
             (false, Vec::new())
         }
@@ -455,7 +461,7 @@ fn apply(
             token: seen, at, ..
         } => {
             if let Some(at) = at {
-                future().bridge_time(at);
+                bridge_entry(shared, at);
             }
             (seen == token, Vec::new())
         }
@@ -464,10 +470,8 @@ fn apply(
             cancelled_at,
             at,
         } => {
-            let mut future = future();
-            future.bridge_time(at);
-            let clamped = future.clamp(offset, cancelled_at);
-            drop(future);
+            bridge_entry(shared, at);
+            let clamped = future().clamp(offset, cancelled_at);
             if let Some(tombstone) = clamped {
                 insert(shared, tombstone);
             }
@@ -478,6 +482,18 @@ fn apply(
             (false, Vec::new())
         }
     }
+}
+
+/// Notes an entry a bridge wrote at `at_ms`: the stream's clock, and how far this bridge's
+/// clock is behind it (`delay_bridge_clock_behind_stream_seconds`).
+fn bridge_entry(shared: &Shared, at_ms: u64) {
+    let now = now_ms();
+    let mut future = shared.future_cancels.lock().expect("future cancels lock");
+    future.bridge_entry(at_ms, now);
+    shared
+        .stats
+        .clock_behind_ms
+        .store(future.behind_ms(now), Ordering::Relaxed);
 }
 
 /// Adds a tombstone to the live set.

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Declares [`Stats`] (the live counters, shared with the bridge's tasks) and [`Counts`] (a
 /// reading of them) from one list, so the two cannot drift apart. Each entry names the
-/// Prometheus metric it is exported as (a counter or a gauge; `none`: exported otherwise),
+/// Prometheus metric it is exported as (a counter or a gauge; `seconds_of_ms`: a gauge in
+/// seconds of a value kept in ms; `none`: exported otherwise),
 /// and its doc comment is that metric's help text.
 macro_rules! counters {
     ($($(#[doc = $doc:literal])* $name:ident: $kind:ident $metric:literal,)*) => {
@@ -68,6 +69,19 @@ macro_rules! export {
         )
         .set($value as f64);
     };
+    (seconds_of_ms, $recorder:expr, $metric:literal, $help:expr, $value:expr) => {
+        $recorder.describe_gauge(
+            metrics::KeyName::from_const_str($metric),
+            Some(metrics::Unit::Seconds),
+            metrics::SharedString::from($help.trim().to_string()),
+        );
+        metrics::Recorder::register_gauge(
+            $recorder,
+            &metrics::Key::from_static_name($metric),
+            &metrics::Metadata::new(module_path!(), metrics::Level::INFO, None),
+        )
+        .set($value as f64 / 1_000.0);
+    };
     (none, $recorder:expr, $metric:literal, $help:expr, $value:expr) => {};
 }
 
@@ -113,6 +127,11 @@ counters! {
     /// Cancel-stream entries skipped because the broker could not send them to an AMQP
     /// 0-9-1 reader (each closed the reader's connection; warned of with its offset).
     stream_skipped: counter "delay_bridge_cancel_stream_skipped_total",
+    /// How far this bridge's clock is behind the times other bridges write into the cancel
+    /// stream (0: not behind), measured on what it read in the last 20 to 40 minutes. It
+    /// judges cancels dated ahead by its clock corrected by up to a minute; further behind,
+    /// it writes no clamp.
+    clock_behind_ms: seconds_of_ms "delay_bridge_clock_behind_stream_seconds",
     /// Times the consumer was paused because unacked bodies went over
     /// `bridge.max_unacked_bytes` (its prefetch window narrowed).
     pauses: counter "delay_bridge_consumer_pauses_total",

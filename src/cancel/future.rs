@@ -20,6 +20,16 @@
 //! applies as dated what is no longer ahead (no live reader clamped it) and clamps the rest
 //! itself, as live. Bridges append a clock entry every [`CLOCK_EVERY`], so what a catch-up
 //! holds is at most that long a stretch of cancels.
+//!
+//! A reader's own clock may be behind the other bridges'. Clamped by a clock 3 s behind, a
+//! cancel made on time counts as made 2 s before it was, and every later reader follows
+//! that clamp: a message published in those 2 s is delivered though its cancel was
+//! confirmed. So a reader also measures how far its clock is behind the stream's: each
+//! entry a bridge wrote says when (`delay-bridge-at`), and one read sooner than it was
+//! written by the reader's clock says the reader is behind by at least the difference (the
+//! largest such difference over the last two [`CLOCK_EVERY`] windows is taken). A reader
+//! judges cancels dated ahead by its clock corrected by that much; one further behind than
+//! [`CLOCK_CORRECTION_MOST`] writes no clamp at all (the others clamp) and says so.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,6 +40,10 @@ use super::{CLOCK_ALLOWANCE_MS, Record, Scope, Tombstone};
 /// with its time), bounding what a later catch-up holds.
 pub const CLOCK_EVERY: Duration = Duration::from_secs(600);
 
+/// The most a reader corrects its clock by, to the stream's (see the module's text); a
+/// reader further behind writes no clamp.
+pub const CLOCK_CORRECTION_MOST: Duration = Duration::from_secs(60);
+
 /// What to do with a tombstone just read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {
@@ -39,6 +53,62 @@ pub enum Read {
     Held,
     /// Held; append this clamp entry for it.
     Clamp(Clamp),
+    /// Held, and no clamp written: this reader's clock is further behind the stream's than
+    /// [`CLOCK_CORRECTION_MOST`] (by this many ms), so another reader's clamp decides.
+    Unclamped(u64),
+}
+
+/// How far a reader's clock is behind the times bridges write into the stream: the largest
+/// `at - now` of the entries read in the current window of two [`CLOCK_EVERY`] and the one
+/// before.
+#[derive(Debug, Clone, Copy)]
+struct Skew {
+    window_start: u64,
+    current: i64,
+    previous: i64,
+}
+
+impl Default for Skew {
+    fn default() -> Self {
+        Self {
+            window_start: 0,
+            current: i64::MIN,
+            previous: i64::MIN,
+        }
+    }
+}
+
+/// One window of skew samples, ms.
+const SKEW_WINDOW_MS: u64 = 2 * CLOCK_EVERY.as_secs() * 1_000;
+
+impl Skew {
+    fn sample(&mut self, at_ms: u64, now_ms: u64) {
+        let elapsed = now_ms.saturating_sub(self.window_start);
+        if elapsed >= SKEW_WINDOW_MS {
+            self.previous = if elapsed < 2 * SKEW_WINDOW_MS {
+                self.current
+            } else {
+                i64::MIN
+            };
+            self.current = i64::MIN;
+            self.window_start = now_ms;
+        }
+        let ahead =
+            i64::try_from(at_ms).unwrap_or(i64::MAX) - i64::try_from(now_ms).unwrap_or(i64::MAX);
+        self.current = self.current.max(ahead);
+    }
+
+    fn behind_ms(&self, now_ms: u64) -> u64 {
+        let elapsed = now_ms.saturating_sub(self.window_start);
+        let most = if elapsed >= 2 * SKEW_WINDOW_MS {
+            i64::MIN
+        } else if elapsed >= SKEW_WINDOW_MS {
+            self.current
+        } else {
+            self.current.max(self.previous)
+        };
+        u64::try_from(most).unwrap_or(0)
+    }
 }
 
 /// A clamp entry: the tombstone at `offset` counts as made at `cancelled_at`.
@@ -62,6 +132,8 @@ pub struct FutureCancels {
     held: BTreeMap<u64, Tombstone>,
     /// True once the reader has caught up with the stream.
     live: bool,
+    /// How far this reader's clock is behind the stream's.
+    skew: Skew,
 }
 
 impl FutureCancels {
@@ -81,12 +153,41 @@ impl FutureCancels {
         self.stream_clock = self.stream_clock.max(at_ms);
     }
 
+    /// Notes an entry a bridge wrote at `at_ms`, read at `now_ms`: the stream's clock, and
+    /// how far this reader's clock is behind it.
+    pub fn bridge_entry(&mut self, at_ms: u64, now_ms: u64) {
+        self.bridge_time(at_ms);
+        self.skew.sample(at_ms, now_ms);
+    }
+
+    /// How far this reader's clock is behind the stream's at `now_ms`, ms (0: not behind).
+    pub fn behind_ms(&self, now_ms: u64) -> u64 {
+        self.skew.behind_ms(now_ms)
+    }
+
+    /// This reader's clock at `now_ms`, corrected by how far it is behind the stream's (at
+    /// most [`CLOCK_CORRECTION_MOST`]).
+    fn corrected(&self, now_ms: u64) -> u64 {
+        let most = CLOCK_CORRECTION_MOST.as_millis() as u64;
+        now_ms.saturating_add(self.behind_ms(now_ms).min(most))
+    }
+
+    /// The reader's clock is too far behind the stream's to clamp: by this much.
+    fn too_far_behind(&self, now_ms: u64) -> Option<u64> {
+        let behind = self.behind_ms(now_ms);
+        (behind > CLOCK_CORRECTION_MOST.as_millis() as u64).then_some(behind)
+    }
+
     /// A tombstone read at `offset` (none: the broker did not say) at `now_ms`.
     pub fn tombstone(&mut self, offset: Option<u64>, tombstone: Tombstone, now_ms: u64) -> Read {
         let Some(offset) = offset else {
             return Read::Apply(tombstone);
         };
-        let reference = if self.live { now_ms } else { self.stream_clock };
+        let reference = if self.live {
+            self.corrected(now_ms)
+        } else {
+            self.stream_clock
+        };
         if tombstone.cancelled_at <= reference.saturating_add(CLOCK_ALLOWANCE_MS) {
             return Read::Apply(tombstone);
         }
@@ -94,9 +195,11 @@ impl FutureCancels {
             self.held.insert(offset, tombstone);
             return Read::Held;
         }
-        let clamp = clamp_of(offset, &tombstone, now_ms);
-        self.held.insert(offset, tombstone);
-        Read::Clamp(clamp)
+        self.held.insert(offset, tombstone.clone());
+        match self.too_far_behind(now_ms) {
+            Some(behind) => Read::Unclamped(behind),
+            None => Read::Clamp(clamp_of(offset, &tombstone, reference)),
+        }
     }
 
     /// A clamp entry read: the tombstone it names, to apply as made at the clamp's time, if
@@ -113,13 +216,17 @@ impl FutureCancels {
         self.live = true;
         let mut apply = Vec::new();
         let mut clamps = Vec::new();
-        let ahead = now_ms.saturating_add(CLOCK_ALLOWANCE_MS);
+        let reference = self.corrected(now_ms);
+        let clamping = self.too_far_behind(now_ms).is_none();
+        let ahead = reference.saturating_add(CLOCK_ALLOWANCE_MS);
         self.held.retain(|offset, tombstone| {
             if tombstone.cancelled_at <= ahead {
                 apply.push(tombstone.clone());
                 false
             } else {
-                clamps.push(clamp_of(*offset, tombstone, now_ms));
+                if clamping {
+                    clamps.push(clamp_of(*offset, tombstone, reference));
+                }
                 true
             }
         });
@@ -276,6 +383,52 @@ mod tests {
             }]
         );
         assert_eq!(reader.held(), 1, "until its clamp is read back");
+    }
+
+    /// A reader 3 s behind the other bridges: a cancel made on time by the canceller's (and
+    /// the others') clock is no cancel dated ahead to it once it has read another bridge's
+    /// entry, so it writes no clamp 2 s early for every later reader to follow.
+    #[test]
+    fn a_reader_behind_the_stream_judges_by_the_stream_clock() {
+        let true_now = 10 * HOUR;
+        let behind = 3_000;
+        let mut reader = FutureCancels::new();
+        reader.caught_up(true_now - behind);
+        // Another bridge's clock entry, written a moment ago.
+        reader.bridge_entry(true_now - 20, true_now - behind);
+        assert_eq!(reader.behind_ms(true_now - behind), behind - 20);
+        assert_eq!(
+            reader.tombstone(Some(5), t("a", true_now), true_now - behind + 10),
+            Read::Apply(t("a", true_now))
+        );
+        // A canceller an hour fast: clamped by the corrected clock.
+        match reader.tombstone(Some(6), t("b", true_now + HOUR), true_now - behind + 20) {
+            Read::Clamp(clamp) => {
+                assert_eq!(clamp.cancelled_at, true_now + CLOCK_ALLOWANCE_MS);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The measure fades: two windows on, with no fresh sample, no correction.
+        let later = true_now - behind + 2 * SKEW_WINDOW_MS + 1;
+        assert_eq!(reader.behind_ms(later), 0);
+    }
+
+    #[test]
+    fn a_reader_far_behind_the_stream_writes_no_clamp() {
+        let true_now = 10 * HOUR;
+        let behind = 120_000;
+        let mut reader = FutureCancels::new();
+        reader.caught_up(true_now - behind);
+        reader.bridge_entry(true_now, true_now - behind);
+        assert_eq!(
+            reader.tombstone(Some(5), t("a", true_now + HOUR), true_now - behind),
+            Read::Unclamped(behind)
+        );
+        assert_eq!(reader.held(), 1, "held until another reader's clamp");
+        assert_eq!(
+            reader.clamp(5, true_now + 1_000),
+            Some(t("a", true_now + 1_000))
+        );
     }
 
     #[test]

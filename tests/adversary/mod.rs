@@ -962,3 +962,108 @@ async fn an_entry_the_broker_cannot_send_is_skipped_and_the_bridge_stays_ready()
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
+
+/// A bridge whose clock is 3 s behind the others' (run under `faketime`): a cancel made on
+/// time is one dated ahead to it. Before 0.3 it clamped each such cancel it read live to its
+/// own now plus the allowance, 2 s before the cancel, and every instance started afterwards
+/// followed that clamp: messages published in those 2 s were delivered though their cancels
+/// were confirmed well before they were due. Now it measures its clock against the times
+/// the other bridges write, judges by the corrected clock, and writes no such clamp.
+#[tokio::test]
+async fn a_bridge_whose_clock_is_behind_does_not_decide_cancels_for_the_others() {
+    use delay_bridge::cancel::{message_id, tombstone_properties};
+    // libfaketime preloaded into the bridge itself (the `faketime` command runs it as a
+    // child, which a signal to the wrapper would not stop).
+    let libfaketime = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| std::path::PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
+        .find(|path| path.is_file());
+    let Some(libfaketime) = libfaketime else {
+        eprintln!("skipped: no libfaketime (Debian's faketime package)");
+        return;
+    };
+    let mut a = Arena::start("adv-clock-behind").await;
+    let wrapper = std::env::temp_dir().join(format!("{}-behind.sh", a.w.prefix()));
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nLD_PRELOAD={} FAKETIME=-3s FAKETIME_NO_CACHE=1 \
+             FAKETIME_DONT_FAKE_MONOTONIC=1 exec {} \"$@\"\n",
+            libfaketime.display(),
+            bridge_exe().display()
+        ),
+    )
+    .expect("wrapper written");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("wrapper executable");
+    let config = ConfigFile::write(&a.w.config).expect("config written");
+    let behind = delay_bridge::sandbox::process::BridgeProcess::spawn(
+        &wrapper,
+        &config,
+        &delay_bridge::sandbox::process::ProcessLog::warnings(),
+    )
+    .expect("the bridge 3 s behind starts");
+    wait_for_consumers(&a.w, 2, 30 * SEC).await;
+    // The in-process bridge starts again: the one behind reads its marker live.
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    wait_for_consumers(&a.w, 2, 30 * SEC).await;
+    let (connection, canceller) = a.canceller().await;
+    // The cancels come more than the clock allowance after the last time a bridge wrote
+    // into the stream, as cancels minutes after a start do: a reader that starts later
+    // then holds each until its clamp, if one was written.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let ids: Vec<String> = (0..6).map(|n| format!("order-{n}")).collect();
+    for id in &ids {
+        let published_at = AMQPValue::LongLongInt(now_ms() as i64);
+        a.publish(
+            &a.ingress,
+            "rk.copy",
+            id.as_bytes(),
+            with(vec![
+                ("x-delay", AMQPValue::LongLongInt(20_000)),
+                (header::PUBLISHED_AT, published_at),
+            ])
+            .with_message_id(id.as_str().into()),
+        )
+        .await;
+        publish_to(
+            &canceller,
+            &a.w.config.names.cancel_exchange(),
+            "",
+            b"",
+            tombstone_properties(message_id(id).unwrap(), now_ms() + 200, None),
+        )
+        .await;
+    }
+    // An instance started after the cancels were read follows whatever clamps they got.
+    a.w.stop_bridge().await;
+    a.w.start_bridge().await;
+    a.publish(
+        &a.ingress,
+        "rk.copy",
+        b"sentinel",
+        with(vec![("x-delay", AMQPValue::LongLongInt(22_000))]).with_message_id("sentinel".into()),
+    )
+    .await;
+    let got = a.w.recv_within(40 * SEC).await;
+    assert_eq!(
+        got.body, b"sentinel",
+        "no cancelled order arrives before it"
+    );
+    a.w.assert_quiet(2 * SEC).await;
+    let (ok, out) = run_command(&a.operator, &["status", "--json"]).await;
+    assert!(ok, "status: {out}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        json["cancel_entries"]["clamps"], 0,
+        "no clamp written: {out}"
+    );
+    let _ = behind.terminate(20 * SEC).await;
+    let _ = connection.close(200, "done".into()).await;
+    let _ = std::fs::remove_file(&wrapper);
+    a.cleanup().await;
+}
