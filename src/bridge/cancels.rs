@@ -335,13 +335,21 @@ async fn append_clamp(shared: Arc<Shared>, publish: Appender, clamp: Clamp) {
             offset = clamp.offset,
             "the cancel stream did not take the clamp of a cancel dated ahead: applied here as clamped"
         );
+        // Moved from the held cancels to the live ones under both locks, in the order a
+        // checkpoint takes them ([`checkpoints::begun`]): this runs beside the follower, and
+        // a checkpoint taken between the two would hold the cancel in neither.
+        let mut set = shared.tombstones.lock().expect("tombstone lock");
         let held = shared
             .future_cancels
             .lock()
             .expect("future cancels lock")
             .clamp(clamp.offset, clamp.cancelled_at);
         if let Some(tombstone) = held {
-            insert(&shared, tombstone);
+            set.insert(tombstone, now_ms());
+            shared
+                .stats
+                .tombstones
+                .store(set.len() as u64, Ordering::Relaxed);
         }
     }
 }

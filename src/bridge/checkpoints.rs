@@ -193,12 +193,18 @@ pub(super) fn begun(
     if !mine {
         return;
     }
-    let mut records = shared.tombstones.lock().expect("tombstone lock").records();
-    shared
-        .future_cancels
-        .lock()
-        .expect("future cancels lock")
-        .records(&mut records);
+    // Both taken at once (the live cancels' lock first, as everything that moves a held
+    // cancel into them takes it), so that a cancel moving between them is in one of them.
+    let records = {
+        let set = shared.tombstones.lock().expect("tombstone lock");
+        let mut records = set.records();
+        shared
+            .future_cancels
+            .lock()
+            .expect("future cancels lock")
+            .records(&mut records);
+        records
+    };
     let shared = shared.clone();
     let publish = publish.clone();
     let token = token.to_string();
