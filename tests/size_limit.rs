@@ -118,7 +118,6 @@ async fn a_body_the_broker_no_longer_accepts_is_parked_without_it_and_traffic_fl
 #[tokio::test]
 async fn a_refused_checkpoint_part_leaves_the_bridge_appending() {
     use delay_bridge::cancel::{message_id, tombstone_properties};
-    use lapin::options::BasicPublishOptions;
     let _turn = TURN.lock().await;
     let w = World::start(Setup::new("refused-part")).await;
     let limit = SizeLimit::lower_to(16 << 10);
@@ -130,24 +129,12 @@ async fn a_refused_checkpoint_part_leaves_the_bridge_appending() {
     })
     .await;
     // Enough live cancels that a checkpoint is due, and its one part (~1 MB) over 16 KiB.
-    let stream = w.config.names.cancel_stream();
     let now = delay_bridge::clock::now_ms();
     for batch in 0..7 {
         let mut confirms = Vec::new();
         for i in 0..2_000 {
             let id = message_id(&format!("order-{batch}-{i}")).unwrap();
-            confirms.push(
-                w.publisher
-                    .basic_publish(
-                        "".into(),
-                        stream.as_str().into(),
-                        BasicPublishOptions::default(),
-                        b"",
-                        tombstone_properties(id, now, Some(now + 600_000)),
-                    )
-                    .await
-                    .expect("published"),
-            );
+            confirms.push(append(&w, tombstone_properties(id, now, Some(now + 600_000))).await);
         }
         for confirm in futures::future::join_all(confirms).await {
             assert!(confirm.expect("confirmed").is_ack());
@@ -170,18 +157,13 @@ async fn a_refused_checkpoint_part_leaves_the_bridge_appending() {
     // Cancels dated an hour ahead: the bridge appends a clamp for each.
     let ahead = delay_bridge::clock::now_ms() + 3_600_000;
     for id in ["ahead-1", "ahead-2"] {
-        w.publisher
-            .basic_publish(
-                "".into(),
-                stream.as_str().into(),
-                BasicPublishOptions::default(),
-                b"",
-                tombstone_properties(message_id(id).unwrap(), ahead, None),
-            )
-            .await
-            .expect("published")
-            .await
-            .expect("confirmed");
+        append(
+            &w,
+            tombstone_properties(message_id(id).unwrap(), ahead, None),
+        )
+        .await
+        .await
+        .expect("confirmed");
     }
     let deadline = tokio::time::Instant::now() + 30 * SEC;
     while entries(&status().await, "clamps").unwrap_or(0) < 2 {
@@ -192,4 +174,18 @@ async fn a_refused_checkpoint_part_leaves_the_bridge_appending() {
     }
     drop(limit);
     w.cleanup().await;
+}
+
+/// Appends an entry with `properties` to the world's cancel stream: its confirm, to await.
+async fn append(w: &World, properties: lapin::BasicProperties) -> lapin::PublisherConfirm {
+    w.publisher
+        .basic_publish(
+            "".into(),
+            w.config.names.cancel_stream().as_str().into(),
+            lapin::options::BasicPublishOptions::default(),
+            b"",
+            properties,
+        )
+        .await
+        .expect("published")
 }

@@ -158,23 +158,7 @@ async fn status_while_written(
     };
     let mut runs = Vec::new();
     for _ in 0..args.status_runs {
-        let started = Instant::now();
-        let output = tokio::time::timeout(
-            STATUS_WITHIN,
-            config.command(&exe).args(["status", "--json"]).output(),
-        )
-        .await
-        .with_context(|| format!("status did not return within {STATUS_WITHIN:?}"))?
-        .context("running status")?;
-        let seconds = started.elapsed().as_secs_f64();
-        if !output.status.success() {
-            bail!(
-                "status failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        let json: serde_json::Value =
-            serde_json::from_slice(&output.stdout).context("status --json")?;
+        let (seconds, json) = timed_status(&config, &exe).await?;
         let entries = &json["cancel_entries"];
         let count = |field: &str| entries[field].as_u64().unwrap_or(0);
         runs.push(report::HistoryStatus {
@@ -195,6 +179,31 @@ async fn status_while_written(
     bridge.stop().await?;
     eprintln!("  {written} cancels appended while status ran");
     Ok(runs)
+}
+
+/// Runs `delay-bridge status --json` on `config` with `exe`: how long it took (at most
+/// [`STATUS_WITHIN`]) and what it printed.
+pub(crate) async fn timed_status(
+    config: &ConfigFile,
+    exe: &std::path::Path,
+) -> Result<(f64, serde_json::Value)> {
+    let started = Instant::now();
+    let output = tokio::time::timeout(
+        STATUS_WITHIN,
+        config.command(exe).args(["status", "--json"]).output(),
+    )
+    .await
+    .with_context(|| format!("status did not return within {STATUS_WITHIN:?}"))?
+    .context("running status")?;
+    let seconds = started.elapsed().as_secs_f64();
+    if !output.status.success() {
+        bail!(
+            "status failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let json = serde_json::from_slice(&output.stdout).context("status --json")?;
+    Ok((seconds, json))
 }
 
 async fn start(sandbox: &Sandbox, exe: Option<&PathBuf>, wait_checkpoint: bool) -> Result<Start> {

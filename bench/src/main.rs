@@ -16,6 +16,7 @@ mod broker_memory;
 mod broker_process;
 mod burst;
 mod cancel_horizon;
+mod cancel_mix;
 mod capacity;
 mod cost;
 mod faults;
@@ -120,6 +121,10 @@ pub enum Scenario {
     /// Memory per live tombstone and the catch-up time of a starting bridge over a cancel
     /// stream of `--count` tombstones, beside a start on an empty stream.
     Tombstones(tombstones::Args),
+    /// A shop's cancels appended at full rate while one bridge runs (9 in 10 due a few
+    /// minutes ahead, 1 in 10 undated, all live): whether it checkpoints, and a restart's
+    /// time to ready, RSS and entries read, beside a start on an empty stream.
+    CancelMix(cancel_mix::Args),
     /// A year of cancel-stream history (10M entries of a year-like mix by default): a
     /// bridge's time to ready and RSS on its first start (the whole stream) and on restarts
     /// (from the newest checkpoint), beside a start on an empty stream.
@@ -155,6 +160,7 @@ async fn run(base: &Config, scenario: &Scenario) -> Result<()> {
         Scenario::PluginMove(args) => plugin_move::run(base, args).await,
         Scenario::CancelHorizon(args) => cancel_horizon::run(base, args).await,
         Scenario::Tombstones(args) => tombstones::run(base, args).await,
+        Scenario::CancelMix(args) => cancel_mix::run(base, args).await,
         Scenario::History(args) => history::run(base, args).await,
         Scenario::ConnectionCuts(args) => faults::connection_cuts::run(base, args).await,
         Scenario::BridgeChaos(args) => faults::bridge_chaos::run(base, args).await,

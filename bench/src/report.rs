@@ -500,6 +500,32 @@ pub struct History {
     pub status: Vec<HistoryStatus>,
 }
 
+/// `cancel-mix`: a shop's cancels appended while a bridge runs, then a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelMix {
+    /// Cancels appended.
+    pub count: u64,
+    /// Time to append them.
+    pub publish_s: f64,
+    /// Checkpoints the running bridge wrote.
+    pub checkpoints: u64,
+    /// From the first append until the running bridge had written a checkpoint and held
+    /// every cancel (none: not within the wait).
+    pub first_checkpoint_s: Option<f64>,
+    /// The running bridge's RSS growth per live cancel.
+    pub rss_bytes_per_tombstone: f64,
+    /// A start on the empty stream.
+    pub empty: HistoryStart,
+    /// The restart after the appends.
+    pub restart: HistoryStart,
+    /// The restarted bridge's peak RSS up to ready.
+    pub restart_peak_rss_bytes: u64,
+    /// One `status --json`, start to exit.
+    pub status_s: f64,
+    /// The cancels of the checkpoint `status` began at (none: it began at none).
+    pub status_checkpoint_cancels: Option<u64>,
+}
+
 /// One `status` run of `history`, timed while cancels were appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryStatus {

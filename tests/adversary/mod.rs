@@ -174,6 +174,52 @@ impl Arena {
         Some(status.code().unwrap_or(-1))
     }
 
+    /// After a forged checkpoint that leaves out the real cancel of `victim` (made at
+    /// `cancelled_at`) and cancels `innocent`: the running bridge and a restarted one hold
+    /// only the real cancel (a restart loads what the bridges' clock entries named), and
+    /// only the innocent copy arrives.
+    async fn forgery_changed_nothing(&mut self, cancelled_at: u64) {
+        let stats = self.w.stats();
+        wait_until("the real cancel is applied", 5 * SEC, || {
+            stats.snapshot().tombstones == 1
+        })
+        .await;
+        self.w.stop_bridge().await;
+        self.w.start_bridge().await;
+        let restarted = self.w.stats().snapshot();
+        assert_eq!(restarted.tombstones, 1, "only the real cancel");
+        assert_eq!(restarted.checkpoints, 0, "no checkpoint taken");
+        self.only_the_innocent_arrives(cancelled_at).await;
+        assert_eq!(
+            self.w.stats().snapshot().cancelled,
+            1,
+            "the victim's copy dropped"
+        );
+    }
+
+    /// Publishes a copy of `victim` and of `innocent`, both entered a second before
+    /// `cancelled_at`, due in 300 ms: only the innocent one arrives (`victim` was cancelled
+    /// at `cancelled_at`; whatever a forgery said of `innocent`).
+    async fn only_the_innocent_arrives(&mut self, cancelled_at: u64) {
+        for id in ["victim", "innocent"] {
+            let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
+            self.publish(
+                &self.ingress,
+                "rk.copy",
+                id.as_bytes(),
+                with(vec![
+                    ("x-delay", AMQPValue::LongLongInt(300)),
+                    (header::PUBLISHED_AT, published_at),
+                ])
+                .with_message_id(id.into()),
+            )
+            .await;
+        }
+        let got = self.w.recv_within(10 * SEC).await;
+        assert_eq!(got.body, b"innocent", "the innocent copy arrives");
+        self.w.assert_quiet(2 * SEC).await;
+    }
+
     /// Publishes as the recipe's publisher, confirmed.
     async fn publish(
         &self,
@@ -708,36 +754,7 @@ async fn a_cancellers_forged_checkpoint_changes_nothing() {
         sync_properties("forged-pointer".into(), now_ms(), Some(0)),
     )
     .await;
-    let stats = a.w.stats();
-    wait_until("the real cancel is applied", 5 * SEC, || {
-        stats.snapshot().tombstones == 1
-    })
-    .await;
-    a.w.stop_bridge().await;
-    a.w.start_bridge().await;
-    assert_eq!(a.w.stats().snapshot().tombstones, 1, "only the real cancel");
-    for id in ["victim", "innocent"] {
-        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
-        a.publish(
-            &a.ingress,
-            "rk.copy",
-            id.as_bytes(),
-            with(vec![
-                ("x-delay", AMQPValue::LongLongInt(300)),
-                (header::PUBLISHED_AT, published_at),
-            ])
-            .with_message_id(id.into()),
-        )
-        .await;
-    }
-    let got = a.w.recv_within(10 * SEC).await;
-    assert_eq!(got.body, b"innocent", "the innocent copy arrives");
-    a.w.assert_quiet(2 * SEC).await;
-    assert_eq!(
-        a.w.stats().snapshot().cancelled,
-        1,
-        "the victim's copy dropped"
-    );
+    a.forgery_changed_nothing(cancelled_at).await;
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
@@ -787,38 +804,7 @@ async fn a_cancellers_checkpoint_forged_over_the_stream_protocol_changes_nothing
         code, 0,
         "the canceller may write to the stream over the stream protocol"
     );
-    let stats = a.w.stats();
-    wait_until("the real cancel is applied", 5 * SEC, || {
-        stats.snapshot().tombstones == 1
-    })
-    .await;
-    // The bridge's next clock entries come and go; a restart loads what they named.
-    a.w.stop_bridge().await;
-    a.w.start_bridge().await;
-    assert_eq!(a.w.stats().snapshot().tombstones, 1, "only the real cancel");
-    assert_eq!(a.w.stats().snapshot().checkpoints, 0, "no checkpoint taken");
-    for id in ["victim", "innocent"] {
-        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
-        a.publish(
-            &a.ingress,
-            "rk.copy",
-            id.as_bytes(),
-            with(vec![
-                ("x-delay", AMQPValue::LongLongInt(300)),
-                (header::PUBLISHED_AT, published_at),
-            ])
-            .with_message_id(id.into()),
-        )
-        .await;
-    }
-    let got = a.w.recv_within(10 * SEC).await;
-    assert_eq!(got.body, b"innocent", "the innocent copy arrives");
-    a.w.assert_quiet(2 * SEC).await;
-    assert_eq!(
-        a.w.stats().snapshot().cancelled,
-        1,
-        "the victim's copy dropped"
-    );
+    a.forgery_changed_nothing(cancelled_at).await;
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }
@@ -942,23 +928,7 @@ async fn an_entry_the_broker_cannot_send_is_skipped_and_the_bridge_stays_ready()
     assert!(ok, "status reads past it: {out}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(json["cancel_entries"]["unreadable"], 1, "{out}");
-    for id in ["victim", "innocent"] {
-        let published_at = AMQPValue::LongLongInt((cancelled_at - 1_000) as i64);
-        a.publish(
-            &a.ingress,
-            "rk.copy",
-            id.as_bytes(),
-            with(vec![
-                ("x-delay", AMQPValue::LongLongInt(300)),
-                (header::PUBLISHED_AT, published_at),
-            ])
-            .with_message_id(id.into()),
-        )
-        .await;
-    }
-    let got = a.w.recv_within(10 * SEC).await;
-    assert_eq!(got.body, b"innocent");
-    a.w.assert_quiet(2 * SEC).await;
+    a.only_the_innocent_arrives(cancelled_at).await;
     let _ = connection.close(200, "done".into()).await;
     a.cleanup().await;
 }

@@ -351,6 +351,35 @@ async fn bench_tombstones_smoke() {
 }
 
 #[tokio::test]
+async fn bench_cancel_mix_smoke() {
+    // Enough cancels that the running bridge writes a checkpoint (10 000 at least, and up to
+    // a quarter more by its slack).
+    let report: Report<report::CancelMix> = bench(&[
+        "cancel-mix",
+        "--count",
+        "14000",
+        "--checkpoint-within-s",
+        "60",
+    ])
+    .await;
+    let mix = &report.body;
+    assert_eq!(mix.count, 14_000);
+    assert!(mix.checkpoints >= 1, "a checkpoint: {report:?}");
+    assert!(mix.first_checkpoint_s.is_some(), "{report:?}");
+    assert_eq!(mix.restart.live, Some(14_000), "{report:?}");
+    let read = mix.restart.entries_read.expect("the gauge");
+    assert!(
+        read < 14_000,
+        "a restart reads from the checkpoint: {report:?}"
+    );
+    assert_eq!(
+        mix.status_checkpoint_cancels.map(|c| c > 0),
+        Some(true),
+        "{report:?}"
+    );
+}
+
+#[tokio::test]
 async fn bench_history_smoke() {
     // Enough entries that the first start writes a checkpoint (10 000 at least, and up to a
     // quarter more by the bridge's slack).
