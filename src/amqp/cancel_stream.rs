@@ -46,11 +46,39 @@ pub(crate) fn offset_of(delivery: &Delivery) -> Option<u64> {
     }
 }
 
-/// The offset of the stream's last entry, read with `reader` (which is left at the stream's
-/// last chunk): `None` when the broker cancelled the consumer.
-pub(crate) async fn last_offset(reader: &mut StreamReader) -> Result<Option<u64>, WireError> {
+/// How long a reader looks for its own catch-up marker from the stream's last chunk on
+/// before it takes the largest offset it read as the end.
+const MARKER_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The offset of the catch-up marker `token` a reader appended (confirmed) just before, read
+/// with `reader` from the stream's last chunk on: where the stream ended when the reader
+/// began. (The first entry of the last chunk is not that end: a broker under load writes
+/// thousands of entries in one chunk, and a look-back from the chunk's start missed a
+/// checkpoint written inside it.) Should others append after the marker so that the last
+/// chunk comes after it, the largest offset read within [`MARKER_WITHIN`] is taken. Also how
+/// many entries it read; `None` when nothing was read.
+pub(crate) async fn own_marker(
+    reader: &mut StreamReader,
+    token: &str,
+) -> Result<(Option<u64>, u64), WireError> {
     reader.seek(Start::Last).await;
-    Ok(reader.next().await?.as_ref().and_then(offset_of))
+    let deadline = tokio::time::Instant::now() + MARKER_WITHIN;
+    let (mut read, mut largest) = (0u64, None);
+    while let Ok(next) = tokio::time::timeout_at(deadline, reader.next()).await {
+        let Some(delivery) = next? else { break };
+        read += 1;
+        let offset = offset_of(&delivery);
+        largest = largest.max(offset);
+        if delivery.unreadable.is_none()
+            && matches!(
+                crate::cancel::read_entry(&delivery.properties),
+                StreamEntry::Sync { token: seen, .. } if seen == token
+            )
+        {
+            return Ok((offset, read));
+        }
+    }
+    Ok((largest, read))
 }
 
 /// Finds the begin offset of the newest complete checkpoint at or before `end`, reading

@@ -1,7 +1,9 @@
 //! A reader of the cancel stream on a connection of its own, which goes on past what one
 //! entry can do to that connection.
 //!
-//! A stream reader gets entries in offset order; when its connection or channel fails, it
+//! A stream reader gets entries in offset order, from the offset it was asked for (an entry
+//! before it, should the broker send one with the chunk it shares, is passed over); when its
+//! connection or channel fails, it
 //! opens them again and attaches at the offset after the last entry it handed out, so its
 //! caller sees every entry once, in order, as if nothing had happened. An entry the broker
 //! cannot send to an AMQP 0-9-1 reader closes the connection at every attach before it:
@@ -120,7 +122,16 @@ impl StreamReader {
                 Err(e) => e,
                 Ok(attached) => match attached.consumer.next().await {
                     Ok(Some(delivery)) => {
+                        let before = match (self.position, offset_of(&delivery)) {
+                            (Start::At(position), Some(offset)) => offset < position,
+                            _ => false,
+                        };
                         self.handed_out(&delivery);
+                        if before {
+                            // Before the position (a broker that sends the chunk it is in
+                            // whole would): read already, or not asked for.
+                            continue;
+                        }
                         return Ok(Some(delivery));
                     }
                     Ok(None) => return Ok(None),
@@ -175,7 +186,10 @@ impl StreamReader {
     /// every [`ACK_EVERY`] entries.
     fn handed_out(&mut self, delivery: &Delivery) {
         if let Some(offset) = offset_of(delivery) {
-            self.position = Start::At(offset + 1);
+            self.position = match self.position {
+                Start::At(position) => Start::At(position.max(offset + 1)),
+                Start::First | Start::Last => Start::At(offset + 1),
+            };
         }
         self.stalls.read();
         self.failures = 0;
@@ -245,11 +259,20 @@ impl StreamReader {
         };
         let probed = match attach(&connection, &self.stream, Start::At(offset), Some(1)).await {
             Err(_) => Probed::Unknown,
-            Ok((_channel, mut consumer)) => {
-                match tokio::time::timeout(PROBE_WITHIN, consumer.next()).await {
-                    Ok(Ok(Some(_))) => Probed::Readable,
-                    Ok(Err(_)) => Probed::Poison,
-                    Ok(Ok(None)) | Err(_) => Probed::Unknown,
+            Ok((channel, mut consumer)) => {
+                let deadline = tokio::time::Instant::now() + PROBE_WITHIN;
+                loop {
+                    match tokio::time::timeout_at(deadline, consumer.next()).await {
+                        // One of its chunk before it: on to the next.
+                        Ok(Ok(Some(delivery)))
+                            if offset_of(&delivery).is_some_and(|at| at < offset) =>
+                        {
+                            let _ = channel.ack([(delivery.delivery_tag, false)]);
+                        }
+                        Ok(Ok(Some(_))) => break Probed::Readable,
+                        Ok(Err(_)) => break Probed::Poison,
+                        Ok(Ok(None)) | Err(_) => break Probed::Unknown,
+                    }
                 }
             }
         };

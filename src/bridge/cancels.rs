@@ -108,7 +108,7 @@ pub(super) async fn follow(
     });
     let (mut start, mut located) = match resume {
         Some(next) => (Start::At(next), 0),
-        None => match checkpoints::locate(&shared, &mut reader).await {
+        None => match checkpoints::locate(&shared, &mut reader, &token).await {
             Ok((Some(begin), read)) => (Start::At(begin), read),
             Ok((None, read)) => (Start::First, read),
             Err(e) => {

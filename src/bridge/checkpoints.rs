@@ -24,22 +24,23 @@ use crate::cancel::{
 use crate::clock::now_ms;
 
 /// Finds the begin offset of the newest complete checkpoint (see
-/// [`cancel_stream::locate`]), reading back from the stream's end, which this follower's
-/// catch-up marker makes non-empty. Also how many entries it read.
+/// [`cancel_stream::locate`]), reading back from where this follower's catch-up marker
+/// `token` stands in the stream. Also how many entries it read.
 pub(super) async fn locate(
     shared: &Shared,
     reader: &mut StreamReader,
+    token: &str,
 ) -> Result<(Option<u64>, u64), BridgeError> {
-    let Some(end) = cancel_stream::last_offset(reader)
+    let (end, to_end) = cancel_stream::own_marker(reader, token)
         .await
-        .map_err(BridgeError::wire("reading the cancel stream"))?
-    else {
-        return Ok((None, 1));
+        .map_err(BridgeError::wire("reading the cancel stream"))?;
+    let Some(end) = end else {
+        return Ok((None, to_end));
     };
     let (found, read) = cancel_stream::locate(reader, end, &shared.authority)
         .await
         .map_err(BridgeError::wire("reading the cancel stream"))?;
-    Ok((found, read + 1))
+    Ok((found, read + to_end))
 }
 
 /// The reader's next delivery.

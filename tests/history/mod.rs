@@ -139,7 +139,13 @@ async fn a_starting_bridge_reads_the_newest_checkpoint_not_the_history() {
 /// the state, and a restart reads it and what follows.
 #[tokio::test]
 async fn a_stream_whose_cancels_all_stay_live_is_checkpointed() {
-    let mut w = World::start(Setup::new("history-all-live")).await;
+    // Alone: twice on 4.3.6 (once beside three other tests, once alone) a restart read the
+    // whole stream (15 007 and 15 009 entries); the cause is not established.
+    let mut w = World::start(Setup {
+        alone: true,
+        ..Setup::new("history-all-live")
+    })
+    .await;
     let now = now_ms();
     let entries = (0..14_000)
         .map(|i| {
