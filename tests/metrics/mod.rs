@@ -174,6 +174,9 @@ async fn the_daemon_serves_metrics_that_count_known_traffic() {
         30 * SEC,
     )
     .await;
+    // A delivery is counted once its confirm is read, which can come after the target
+    // queue's consumer has it (4.3.6 once scraped 3 here).
+    wait_for_sample(&base, "delay_bridge_delivered_total", 4.0, 30 * SEC).await;
     let text = wait_for_sample(
         &base,
         r#"delay_bridge_pending_due_messages{le="+Inf"}"#,
