@@ -60,8 +60,8 @@ pub(crate) struct StreamReader {
     careful: u64,
     /// When to attach again after a failure.
     retry_at: Option<tokio::time::Instant>,
-    /// The offsets skipped since [`Self::take_skipped`] was last called.
-    skipped: Vec<u64>,
+    /// Entries skipped since [`Self::take_skipped`] was last called.
+    skipped: u64,
     /// Told the offset of each entry skipped, as it is skipped.
     on_skip: Option<Box<dyn Fn(u64) + Send + Sync>>,
 }
@@ -81,7 +81,7 @@ impl StreamReader {
             failures: 0,
             careful: 0,
             retry_at: None,
-            skipped: Vec::new(),
+            skipped: 0,
             on_skip: None,
         }
     }
@@ -106,7 +106,7 @@ impl StreamReader {
     /// How many entries were skipped since the last call (each one the broker could not
     /// send; warned of with its offset).
     pub(crate) fn take_skipped(&mut self) -> u64 {
-        std::mem::take(&mut self.skipped).len() as u64
+        std::mem::take(&mut self.skipped)
     }
 
     /// The next entry; `None` when the broker cancelled the consumer (the stream was
@@ -229,7 +229,7 @@ impl StreamReader {
                         %error,
                         "skipping a cancel-stream entry the broker cannot send to an AMQP 0-9-1 reader (it closes the reader's connection each time): if it was a cancel, it is not applied"
                     );
-                    self.skipped.push(offset);
+                    self.skipped += 1;
                     if let Some(hook) = &self.on_skip {
                         hook(offset);
                     }
